@@ -1,0 +1,151 @@
+"""`swe-gym-env` command line: setup, engine, serve, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+import httpx
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.agents.registry import HARNESSES
+    from swe_gym_env.server.assets import ensure_task_runtime, ensure_tokenizer
+
+    ensure_tokenizer()
+    ensure_task_runtime()
+    for name in args.harness or sorted(HARNESSES):
+        HARNESSES[name]().ensure_installed()
+    print("setup done")
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from swe_gym_env.server.assets import tokenizer_file
+    from swe_gym_env.server.engine.app import Engine, create_engine_app
+    from swe_gym_env.server.engine.chat import ChatRenderer
+    from swe_gym_env.server.engine.policy import make_policy
+
+    policy = make_policy(args.policy)
+    engine = Engine(ChatRenderer(tokenizer_file()), policy, args.served_model_name)
+    print(f"swe-gym-env built-in engine on 127.0.0.1:{args.port} — NOT a model: policy '{policy.name}' replays "
+          f"scripted replies; tokenizer and template are real (SmolLM2, ChatML+tools).", flush=True)
+    uvicorn.run(create_engine_app(engine), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from swe_gym_env.server.app import create_app
+    from swe_gym_env.server.assets import cache_dir
+    from swe_gym_env.server.capture import EngineTarget
+    from swe_gym_env.server.rollout import ServerConfig
+
+    engine = EngineTarget(base_url=args.engine_url.rstrip("/"), served_model=args.engine_model,
+                          api_key=os.environ.get("SWE_GYM_ENGINE_API_KEY") or None)
+    config = ServerConfig(engines={"default": engine}, results_dir=cache_dir() / "results")
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{' '.join(proc.args[2:4])} exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not healthy after {timeout:.0f}s")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from swe_gym_env.client.mcp_client import SweGymClient
+
+    engine_port, server_port = free_port(), free_port()
+    me = [sys.executable, "-m", "swe_gym_env.cli"]
+    log = sys.stderr
+    with ExitStack() as stack:
+        def start(argv: list[str]) -> subprocess.Popen:
+            p = subprocess.Popen(argv, stdout=log, stderr=log)
+            stack.callback(lambda: (p.terminate(), p.wait(10)))
+            return p
+
+        engine = start([*me, "engine", "--port", str(engine_port), "--policy", args.policy])
+        _wait_healthy(f"http://127.0.0.1:{engine_port}/health", engine)
+        server = start([*me, "serve", "--port", str(server_port),
+                        "--engine-url", f"http://127.0.0.1:{engine_port}/v1"])
+        _wait_healthy(f"http://127.0.0.1:{server_port}/health", server)
+
+        async def go():
+            async def progress(p: float, total: float | None, message: str | None) -> None:
+                if not args.json:
+                    print(f"  … {message}", file=sys.stderr, flush=True)
+
+            async with SweGymClient(f"http://127.0.0.1:{server_port}/mcp") as c:
+                return await c.run_rollout(harness=args.harness, on_progress=progress)
+
+        result = asyncio.run(go())
+    if args.json:
+        print(result.model_dump_json())
+    else:
+        print(f"rollout {result.rollout_id}: ok={result.ok} reward={result.reward} turns={len(result.turns)} "
+              f"wall={result.wall_s}s timings={result.timings}")
+        if result.error:
+            print(f"error ({result.phase}): {result.error}")
+        for t in result.turns:
+            print(f"  turn {t.index}: {len(t.prompt_token_ids)} prompt ids, {len(t.completion_token_ids)} "
+                  f"completion ids, finish={t.finish_reason}")
+    return 0 if result.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("setup", help="prepare the tokenizer, the task runtime and the agent CLIs (idempotent)")
+    s.add_argument("--harness", action="append", help="only this harness (repeatable)")
+    s.set_defaults(func=cmd_setup)
+    e = sub.add_parser("engine", help="the built-in vLLM-compatible engine (NOT a model: scripted policies)")
+    e.add_argument("--host", default="127.0.0.1")
+    e.add_argument("--port", type=int, default=8001)
+    e.add_argument("--policy", default="oracle", help="oracle | noop | script:FILE")
+    e.add_argument("--served-model-name", default=DEFAULT_MODEL)
+    e.set_defaults(func=cmd_engine)
+    v = sub.add_parser("serve", help="the server: /mcp, /capture, /health")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--engine-url", default="http://127.0.0.1:8001/v1", help="OpenAI-compatible base URL (…/v1)")
+    v.add_argument("--engine-model", default=DEFAULT_MODEL, help="the engine's served model name")
+    v.set_defaults(func=cmd_serve)
+    d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
+    d.add_argument("--harness", default="pi", choices=["pi"])
+    d.add_argument("--policy", default="oracle")
+    d.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    d.set_defaults(func=cmd_demo)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The harness protocol: how one coding-agent CLI is installed, configured, run and read back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+AGENT_HOME = "/home/agent"
+AGENT_MOUNT = "/opt/agents"
+
+
+class AgentError(RuntimeError):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class AgentOutcome:
+    """What the agent's own event stream says happened."""
+
+    model_calls: int = 0
+    error_kind: str | None = None  # endpoint_unreachable | agent_crashed | no_model_calls | timeout
+    error: str | None = None
+    completion_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    base_url: str  # the capture proxy as the sandbox reaches it, without /v1
+    model: str
+    context_window: int
+    max_tokens: int
+
+
+class Harness(Protocol):
+    name: ClassVar[str]
+    version: ClassVar[str]
+
+    def install_dir(self) -> Path: ...
+
+    def ensure_installed(self, log=print) -> Path: ...
+
+    def mounts(self) -> dict[str, str]: ...
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]: ...
+
+    events_path: str
+
+    def command(self, cfg: AgentConfig) -> str: ...
+
+    def parse_events(self, text: str) -> AgentOutcome: ...

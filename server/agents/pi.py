@@ -1,0 +1,106 @@
+"""Pi (`@mariozechner/pi-coding-agent`), run headless: `pi -p --mode json`, prompt on stdin, JSONL events out.
+
+Pi exits 0 even when every model call failed; the failure is only in its events (`stopReason: "error"`), so the
+outcome is read from the events, not the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+from swe_gym_env.server.agents.base import AGENT_HOME, AGENT_MOUNT, AgentConfig, AgentError, AgentOutcome
+from swe_gym_env.server.assets import cache_dir
+
+PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
+KEY_ENV = "SWE_GYM_CAPTURE_KEY"
+EVENTS = f"{AGENT_HOME}/pi-events.jsonl"
+
+
+class PiHarness:
+    name = "pi"
+    version = "0.73.1"
+    package = "@mariozechner/pi-coding-agent"
+
+    def install_dir(self) -> Path:
+        return cache_dir() / "agents" / f"pi-{self.version}"
+
+    def cli_js(self, root: Path) -> Path:
+        return root / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        if self.cli_js(root).is_file():
+            return root
+        root.mkdir(parents=True, exist_ok=True)
+        log(f"installing {self.package}@{self.version} with npm into {root}")
+        subprocess.run(["npm", "install", "--prefix", str(root), "--omit=optional", "--no-audit", "--no-fund",
+                        "--loglevel=error", f"{self.package}@{self.version}"], check=True)
+        if not self.cli_js(root).is_file():
+            raise AgentError("install", f"npm install finished but {self.cli_js(root)} is missing")
+        return root
+
+    def mounts(self) -> dict[str, str]:
+        root = self.install_dir()
+        if not self.cli_js(root).is_file():
+            raise AgentError("install", f"Pi {self.version} is not installed at {root}: run `swe-gym-env setup`")
+        return {str(root): f"{AGENT_MOUNT}/pi"}
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        models = {"providers": {PROVIDER: {
+            "baseUrl": f"{cfg.base_url}/v1", "api": "openai-completions", "apiKey": KEY_ENV,
+            "compat": {"supportsStore": False, "supportsDeveloperRole": False, "supportsReasoningEffort": False},
+            "models": [{"id": cfg.model, "contextWindow": cfg.context_window, "maxTokens": cfg.max_tokens}],
+        }}}
+        settings = {"enableInstallTelemetry": False, "quietStartup": True, "compaction": {"enabled": False}}
+        agent_dir = f"{AGENT_HOME}/.pi/agent"
+        return {
+            f"{agent_dir}/models.json": (json.dumps(models, indent=2).encode(), 0o600),
+            f"{agent_dir}/settings.json": (json.dumps(settings).encode(), 0o600),
+            f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
+            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+        }
+
+    def command(self, cfg: AgentConfig) -> str:
+        return (
+            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
+            f"export PI_OFFLINE=1 PI_CODING_AGENT_DIR={AGENT_HOME}/.pi/agent XDG_CONFIG_HOME={AGENT_HOME}/.config "
+            f"XDG_CACHE_HOME={AGENT_HOME}/.cache XDG_DATA_HOME={AGENT_HOME}/.local/share "
+            f"XDG_STATE_HOME={AGENT_HOME}/.local/state\n"
+            f"node {AGENT_MOUNT}/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js -p --mode json "
+            f'--no-session --model {shlex.quote(PROVIDER + "/" + cfg.model)} < {AGENT_HOME}/prompt.txt > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt'
+        )
+
+    events_path = EVENTS
+
+    def parse_events(self, text: str) -> AgentOutcome:
+        out = AgentOutcome()
+        errors: list[str] = []
+        for line in text.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict) or ev.get("type") != "message_end":
+                continue
+            msg = ev.get("message") or {}
+            if msg.get("role") != "assistant":
+                continue
+            if msg.get("stopReason") == "error":
+                errors.append(str(msg.get("errorMessage") or "model call failed"))
+                continue
+            out.model_calls += 1
+            usage = msg.get("usage") or {}
+            if isinstance(usage.get("output"), int):
+                out.completion_tokens.append(usage["output"])
+        if errors and out.model_calls == 0:
+            low = errors[-1].lower()
+            out.error_kind = "endpoint_unreachable" if ("connect" in low or "fetch" in low or "401" in low) else (
+                "agent_crashed")
+            out.error = errors[-1][:500]
+        elif errors:
+            out.error_kind = "agent_crashed"
+            out.error = f"{len(errors)} model call(s) failed in the agent: {errors[-1][:400]}"
+        return out

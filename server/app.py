@@ -1,0 +1,73 @@
+"""The server app: /capture (capture proxy), /mcp (MCP tools), /health.
+
+Sandboxes reach the capture proxy through a unix socket that serves /capture and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from swe_gym_env.server.capture import CaptureProxy
+from swe_gym_env.server.mcp_tools import build_mcp
+from swe_gym_env.server.rollout import RolloutService, ServerConfig
+
+
+async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
+    app = Starlette(routes=[Mount("/capture", app=capture.app())])
+    server = uvicorn.Server(uvicorn.Config(app, uds=str(socket_path), log_level="warning", lifespan="off",
+                                           access_log=False))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if not server.started:
+        raise RuntimeError(f"capture socket server did not start at {socket_path}")
+    server._task = task  # type: ignore[attr-defined]
+    return server
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    capture = CaptureProxy()
+    service = RolloutService(config, capture)
+    mcp = build_mcp(service)
+    mcp_app = mcp.http_app(path="/mcp")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        sock_dir = Path(tempfile.mkdtemp(prefix="swe-gym-capture-"))
+        os.chmod(sock_dir, 0o700)
+        config.capture_socket = sock_dir / "capture.sock"
+        uds = await _serve_capture_socket(capture, config.capture_socket)
+        try:
+            async with mcp_app.lifespan(app):
+                yield
+        finally:
+            uds.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(uds._task, 5)  # type: ignore[attr-defined]
+            await capture.aclose()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+    app = FastAPI(title="swe_gym_env", lifespan=lifespan)
+    app.state.service = service
+    app.state.capture = capture
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "healthy"}
+
+    app.mount("/capture", capture.app())
+    app.mount("/", mcp_app)
+    return app

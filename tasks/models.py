@@ -1,0 +1,75 @@
+"""The one validated task model every loader normalises into."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+REPO_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
+INSTANCE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+TEST_ID_MAX = 2000
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    instance_id: str
+    repo: str
+    base_commit: str = Field(pattern=r"^[0-9a-f]{7,40}$")
+    problem_statement: str = Field(min_length=1, max_length=200_000)
+    hints_text: str = ""
+    patch: str = Field("", description="Gold patch. Server-side only: never sent to an agent.")
+    test_patch: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str] = []
+    repo_source: str | None = Field(None, description="Local git repo or bundle (absolute path) for `local`.")
+    workdir: str = "/testbed"
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, v: str) -> str:
+        if not INSTANCE_RE.match(v):
+            raise ValueError("instance_id must match [A-Za-z0-9_.-]{1,200}")
+        return v
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not REPO_RE.match(v):
+            raise ValueError("repo must look like OWNER/NAME")
+        return v
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _test_list(cls, v: Any) -> Any:
+        if isinstance(v, str):  # SWE-bench ships these as JSON strings
+            v = json.loads(v)
+        if isinstance(v, list):
+            for t in v:
+                if not isinstance(t, str) or not t or len(t) > TEST_ID_MAX or "\n" in t or "\0" in t:
+                    raise ValueError(f"bad test id: {str(t)[:80]!r}")
+        return v
+
+    @field_validator("FAIL_TO_PASS")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("FAIL_TO_PASS must not be empty")
+        return v
+
+    def test_files(self) -> list[str]:
+        """Files the test patch touches (these are reset to base_commit before grading)."""
+        return patch_files(self.test_patch)
+
+
+def patch_files(patch: str) -> list[str]:
+    files: list[str] = []
+    for line in patch.splitlines():
+        if line.startswith("diff --git a/"):
+            path = line[len("diff --git a/") :].split(" b/", 1)[0]
+            if path not in files:
+                files.append(path)
+    return files
