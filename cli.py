@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -37,7 +36,6 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_engine(args: argparse.Namespace) -> int:
     import uvicorn
-
     from swe_gym_env.server.assets import tokenizer_file
     from swe_gym_env.server.engine.app import Engine, create_engine_app
     from swe_gym_env.server.engine.chat import ChatRenderer
@@ -53,7 +51,6 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
-
     from swe_gym_env.server.app import create_app
     from swe_gym_env.server.assets import cache_dir
     from swe_gym_env.server.capture import EngineTarget

@@ -6,7 +6,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastmcp import Client
-
 from swe_gym_env.wire import RolloutRequest, RolloutResult
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]

@@ -16,8 +16,8 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.routing import Mount
-
 from swe_gym_env.server.capture import CaptureProxy
+from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 
@@ -50,10 +50,12 @@ def create_app(config: ServerConfig) -> FastAPI:
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)
+        warm = asyncio.create_task(asyncio.to_thread(load_swebench))
         try:
             async with mcp_app.lifespan(app):
                 yield
         finally:
+            warm.cancel()
             uds.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(uds._task, 5)  # type: ignore[attr-defined]

@@ -23,7 +23,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
 from swe_gym_env.wire import Turn
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -70,9 +69,9 @@ def _agent_error(status: int, message: str) -> JSONResponse:
 
 
 class CaptureProxy:
-    def __init__(self) -> None:
+    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
         self._by_key: dict[str, CaptureSession] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._client = client
 
     # -- sessions ---------------------------------------------------------------------------------------------
     def open_session(self, engine: EngineTarget, *, max_calls: int, max_tokens: int, call_timeout_s: float = 300.0,
@@ -206,7 +205,9 @@ class CaptureProxy:
         lps = []
         for i, (tid, entry) in enumerate(zip(ids, content, strict=True)):
             if not isinstance(entry, dict) or entry.get("token") != f"token_id:{tid}":
-                raise CaptureError(502, f"logprob entry {i} does not name token {tid} (need --return-tokens-as-token-ids)")
+                raise CaptureError(
+                    502, f"logprob entry {i} does not name token {tid} (need --return-tokens-as-token-ids)"
+                )
             lp = entry.get("logprob")
             if not isinstance(lp, int | float) or lp > 0:
                 raise CaptureError(502, f"logprob entry {i} is not a log-probability: {lp!r}")

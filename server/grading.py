@@ -8,12 +8,14 @@ agent must not be able to change how it is graded.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from types import SimpleNamespace
 
 from swe_gym_env.server.sandbox.base import Sandbox
 from swe_gym_env.tasks.models import Task, patch_files
@@ -75,11 +77,19 @@ def eval_script(task: Task, has_patch: bool) -> str:
     ]) + "\n"
 
 
-async def grade(task: Task, model_patch: str, make_sandbox: Callable[[], Awaitable[Sandbox]],
-                timeout_s: float = 300.0) -> Grade:
-    from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
+def load_swebench():
+    """swebench's grading module (importing it takes seconds: the server warms it up in a thread at start)."""
+    from swebench.harness import grading
     from swebench.types import TestSpec
 
+    return SimpleNamespace(TestSpec=TestSpec, get_logs_eval=grading.get_logs_eval,
+                           get_eval_tests_report=grading.get_eval_tests_report,
+                           get_resolution_status=grading.get_resolution_status)
+
+
+async def grade(task: Task, model_patch: str, make_sandbox: Callable[[], Awaitable[Sandbox]],
+                timeout_s: float = 300.0) -> Grade:
+    swebench = await asyncio.to_thread(load_swebench)
     patch, dropped = filter_model_patch(model_patch, task)
     sbx = await make_sandbox()
     try:
@@ -94,17 +104,19 @@ async def grade(task: Task, model_patch: str, make_sandbox: Callable[[], Awaitab
         raise GradingError(f"tests timed out after {timeout_s:.0f}s")
     if "Test Patch Apply Failed" in log:
         raise GradingError("the task's test patch did not apply: " + res.stdout[-500:])
-    spec = TestSpec(instance_id=task.instance_id, image="", eval_script_list=[], repo=task.repo, version="",
+    spec = swebench.TestSpec(instance_id=task.instance_id, image="", eval_script_list=[], repo=task.repo, version="",
                     FAIL_TO_PASS=list(task.FAIL_TO_PASS), PASS_TO_PASS=list(task.PASS_TO_PASS),
                     log_parser="parse_log_pytest", eval_type="pass_and_fail")
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
         f.write(log)
         f.flush()
-        status_map, found = get_logs_eval(spec, f.name)
+        status_map, found = swebench.get_logs_eval(spec, f.name)
     if not found and "Patch Apply Failed" not in log:
         raise GradingError("the test run left no parsable results: " + log[-800:])
-    report = get_eval_tests_report(status_map, {"FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS})
-    resolution = get_resolution_status(report)
+    report = swebench.get_eval_tests_report(
+        status_map, {"FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS}
+    )
+    resolution = swebench.get_resolution_status(report)
     return Grade(
         reward=1.0 if resolution == "RESOLVED_FULL" else 0.0,
         report=TestReport(resolution=resolution, fail_to_pass=report["FAIL_TO_PASS"],

@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastmcp import Context, FastMCP
 from pydantic import Field
-
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.wire import RolloutRequest, RolloutResult
 

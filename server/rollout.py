@@ -23,7 +23,7 @@ from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.tasks.models import Task
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, Turn
+from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult
 
 Notify = Callable[[str], Awaitable[None]]
 DIFF_LIMIT = 4 * 1024 * 1024
@@ -130,14 +130,19 @@ class RolloutService:
         await self._phase(rec, "session", notify)
         session, key = self.capture.open_session(engine, max_calls=req.max_model_calls, max_tokens=req.max_tokens,
                                                  temperature=req.temperature)
-        pending: set[asyncio.Task] = set()
+        # Turn notifications are queued by the capture proxy (another request's context) and sent from this one.
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        pump: asyncio.Task | None = None
         if notify is not None:
-            def on_turn(turn: Turn) -> None:
-                t = asyncio.ensure_future(notify(f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} "
-                                                 f"prompt + {len(turn.completion_token_ids)} completion tokens"))
-                pending.add(t)
-                t.add_done_callback(pending.discard)
-            session.on_turn = on_turn
+            session.on_turn = lambda turn: queue.put_nowait(
+                f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
+                f"{len(turn.completion_token_ids)} completion tokens")
+
+            async def drain() -> None:
+                while True:
+                    await notify(await queue.get())
+
+            pump = asyncio.create_task(drain())
         sbx: Sandbox | None = None
         try:
             await self._phase(rec, "boot", notify)
@@ -186,8 +191,10 @@ class RolloutService:
             if sbx is not None:
                 await sbx.close()
             self.capture.close_session(session)
-            for p in pending:
-                p.cancel()
+            if pump is not None:
+                while not queue.empty() and notify is not None:
+                    await notify(queue.get_nowait())
+                pump.cancel()
 
         await self._phase(rec, "grade", notify)
         t = time.monotonic()

@@ -70,7 +70,8 @@ class PiHarness:
             f"XDG_CACHE_HOME={AGENT_HOME}/.cache XDG_DATA_HOME={AGENT_HOME}/.local/share "
             f"XDG_STATE_HOME={AGENT_HOME}/.local/state\n"
             f"node {AGENT_MOUNT}/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js -p --mode json "
-            f'--no-session --model {shlex.quote(PROVIDER + "/" + cfg.model)} < {AGENT_HOME}/prompt.txt > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt'
+            f"--no-session --model {shlex.quote(PROVIDER + '/' + cfg.model)} "
+            f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
         )
 
     events_path = EVENTS

@@ -19,7 +19,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import Policy, Reply
 

@@ -152,7 +152,8 @@ class LocalSandbox:
             pass
 
     def _host_path(self, path: str) -> Path:
-        mounts = {self.spec.workdir: self.root / "testbed", "/home/agent": self.root / "home", "/tmp": self.root / "tmp"}
+        root = self.root
+        mounts = {self.spec.workdir: root / "testbed", "/home/agent": root / "home", "/tmp": root / "tmp"}
         for inside, host in mounts.items():
             if path == inside or path.startswith(inside + "/"):
                 target = (host / path[len(inside) :].lstrip("/")).resolve()
