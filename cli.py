@@ -36,6 +36,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_engine(args: argparse.Namespace) -> int:
     import uvicorn
+
     from swe_gym_env.server.assets import tokenizer_file
     from swe_gym_env.server.engine.app import Engine, create_engine_app
     from swe_gym_env.server.engine.chat import ChatRenderer
@@ -43,23 +44,26 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     policy = make_policy(args.policy)
     engine = Engine(ChatRenderer(tokenizer_file()), policy, args.served_model_name)
-    print(f"swe-gym-env built-in engine on 127.0.0.1:{args.port} — NOT a model: policy '{policy.name}' replays "
-          f"scripted replies; tokenizer and template are real (SmolLM2, ChatML+tools).", flush=True)
+    print(
+        f"swe-gym-env built-in engine on 127.0.0.1:{args.port} — NOT a model: policy '{policy.name}' replays "
+        f"scripted replies; tokenizer and template are real (SmolLM2, ChatML+tools).",
+        flush=True,
+    )
     uvicorn.run(create_engine_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
+
     from swe_gym_env.server.app import create_app
-    from swe_gym_env.server.assets import cache_dir
-    from swe_gym_env.server.capture import EngineTarget
     from swe_gym_env.server.rollout import ServerConfig
 
-    engine = EngineTarget(base_url=args.engine_url.rstrip("/"), served_model=args.engine_model,
-                          api_key=os.environ.get("SWE_GYM_ENGINE_API_KEY") or None)
-    config = ServerConfig(engines={"default": engine}, results_dir=cache_dir() / "results")
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning")
+    if args.engine_url:
+        os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
+    if args.engine_model:
+        os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
+    uvicorn.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -84,6 +88,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     me = [sys.executable, "-m", "swe_gym_env.cli"]
     log = sys.stderr
     with ExitStack() as stack:
+
         def start(argv: list[str]) -> subprocess.Popen:
             p = subprocess.Popen(argv, stdout=log, stderr=log)
             stack.callback(lambda: (p.terminate(), p.wait(10)))
@@ -91,8 +96,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         engine = start([*me, "engine", "--port", str(engine_port), "--policy", args.policy])
         _wait_healthy(f"http://127.0.0.1:{engine_port}/health", engine)
-        server = start([*me, "serve", "--port", str(server_port),
-                        "--engine-url", f"http://127.0.0.1:{engine_port}/v1"])
+        server = start([*me, "serve", "--port", str(server_port), "--engine-url", f"http://127.0.0.1:{engine_port}/v1"])
         _wait_healthy(f"http://127.0.0.1:{server_port}/health", server)
 
         async def go():
@@ -107,13 +111,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(result.model_dump_json())
     else:
-        print(f"rollout {result.rollout_id}: ok={result.ok} reward={result.reward} turns={len(result.turns)} "
-              f"wall={result.wall_s}s timings={result.timings}")
+        print(
+            f"rollout {result.rollout_id}: ok={result.ok} reward={result.reward} turns={len(result.turns)} "
+            f"wall={result.wall_s}s timings={result.timings}"
+        )
         if result.error:
             print(f"error ({result.phase}): {result.error}")
         for t in result.turns:
-            print(f"  turn {t.index}: {len(t.prompt_token_ids)} prompt ids, {len(t.completion_token_ids)} "
-                  f"completion ids, finish={t.finish_reason}")
+            print(
+                f"  turn {t.index}: {len(t.prompt_token_ids)} prompt ids, {len(t.completion_token_ids)} "
+                f"completion ids, finish={t.finish_reason}"
+            )
     return 0 if result.ok else 1
 
 
@@ -132,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("serve", help="the server: /mcp, /capture, /health")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--engine-url", default="http://127.0.0.1:8001/v1", help="OpenAI-compatible base URL (…/v1)")
-    v.add_argument("--engine-model", default=DEFAULT_MODEL, help="the engine's served model name")
+    v.add_argument("--engine-url", help="OpenAI-compatible base URL (…/v1); default $SWE_GYM_ENGINE_URL or :8001")
+    v.add_argument("--engine-model", help="served model name; default $SWE_GYM_ENGINE_MODEL or " + DEFAULT_MODEL)
     v.set_defaults(func=cmd_serve)
     d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
     d.add_argument("--harness", default="pi", choices=["pi"])

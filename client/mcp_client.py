@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastmcp import Client
+
 from swe_gym_env.wire import RolloutRequest, RolloutResult
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -29,15 +30,26 @@ class SweGymClient:
     async def list_tools(self) -> list[str]:
         return [t.name for t in await self._client.list_tools()]
 
-    async def run_rollout(self, request: RolloutRequest | None = None, *, on_progress: Progress | None = None,
-                          **fields: Any) -> RolloutResult:
+    async def run_rollout(
+        self, request: RolloutRequest | None = None, *, on_progress: Progress | None = None, **fields: Any
+    ) -> RolloutResult:
         req = request or RolloutRequest(**fields)
-        res = await self._client.call_tool("run_rollout", req.model_dump(exclude_none=True),
-                                           progress_handler=on_progress, timeout=self.timeout_s,
-                                           raise_on_error=False)
+        res = await self._client.call_tool(
+            "run_rollout",
+            req.model_dump(exclude_none=True),
+            progress_handler=on_progress,
+            timeout=self.timeout_s,
+            raise_on_error=False,
+        )
         if res.is_error or res.structured_content is None:
             text = " ".join(getattr(c, "text", "") for c in res.content)
-            return RolloutResult(rollout_id="", ok=False, error=f"run_rollout failed on the server: {text[:1000]}",
-                                 phase="validate", harness=req.harness, sandbox=req.sandbox)
+            return RolloutResult(
+                rollout_id="",
+                ok=False,
+                error=f"run_rollout failed on the server: {text[:1000]}",
+                phase="validate",
+                harness=req.harness,
+                sandbox=req.sandbox,
+            )
         data = res.structured_content
         return RolloutResult.model_validate(data.get("result", data) if "rollout_id" not in data else data)

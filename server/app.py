@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.routing import Mount
+
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
@@ -24,8 +25,9 @@ from swe_gym_env.server.rollout import RolloutService, ServerConfig
 
 async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
     app = Starlette(routes=[Mount("/capture", app=capture.app())])
-    server = uvicorn.Server(uvicorn.Config(app, uds=str(socket_path), log_level="warning", lifespan="off",
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, uds=str(socket_path), log_level="warning", lifespan="off", access_log=False)
+    )
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())
     for _ in range(200):
@@ -68,7 +70,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "healthy"}
+        in_flight = sum(1 for r in service.rollouts.values() if r.result is None)
+        return {"status": "healthy", "rollouts_in_flight": in_flight, "capture_sessions": capture.open_sessions()}
 
     app.mount("/capture", capture.app())
     app.mount("/", mcp_app)

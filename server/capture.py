@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
 from swe_gym_env.wire import Turn
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -74,11 +75,24 @@ class CaptureProxy:
         self._client = client
 
     # -- sessions ---------------------------------------------------------------------------------------------
-    def open_session(self, engine: EngineTarget, *, max_calls: int, max_tokens: int, call_timeout_s: float = 300.0,
-                     temperature: float | None = None) -> tuple[CaptureSession, str]:
+    def open_session(
+        self,
+        engine: EngineTarget,
+        *,
+        max_calls: int,
+        max_tokens: int,
+        call_timeout_s: float = 300.0,
+        temperature: float | None = None,
+    ) -> tuple[CaptureSession, str]:
         key = "sgk-" + secrets.token_urlsafe(32)
-        session = CaptureSession(id=uuid.uuid4().hex[:12], engine=engine, max_calls=max_calls,
-                                 max_tokens=max_tokens, call_timeout_s=call_timeout_s, temperature=temperature)
+        session = CaptureSession(
+            id=uuid.uuid4().hex[:12],
+            engine=engine,
+            max_calls=max_calls,
+            max_tokens=max_tokens,
+            call_timeout_s=call_timeout_s,
+            temperature=temperature,
+        )
         self._by_key[_hash(key)] = session
         return session, key
 
@@ -144,8 +158,14 @@ class CaptureProxy:
         if session.on_turn is not None:
             session.on_turn(turn)
         choice = data["choices"][0]
-        return self._reply(body.get("model"), turn.response_message, choice.get("finish_reason"), data.get("usage"),
-                           stream, include_usage)
+        return self._reply(
+            body.get("model"),
+            turn.response_message,
+            choice.get("finish_reason"),
+            data.get("usage"),
+            stream,
+            include_usage,
+        )
 
     def _upstream_body(self, session: CaptureSession, body: dict) -> dict:
         up = copy.deepcopy(body)
@@ -174,15 +194,17 @@ class CaptureProxy:
         if session.engine.api_key:
             headers["authorization"] = f"Bearer {session.engine.api_key}"
         try:
-            r = await self.client.post(f"{session.engine.base_url}/chat/completions", json=up, headers=headers,
-                                       timeout=session.call_timeout_s)
+            r = await self.client.post(
+                f"{session.engine.base_url}/chat/completions", json=up, headers=headers, timeout=session.call_timeout_s
+            )
         except httpx.TimeoutException as e:
             raise CaptureError(504, f"engine timed out after {session.call_timeout_s:.0f}s") from e
         except httpx.HTTPError as e:
             raise CaptureError(502, f"engine unreachable: {type(e).__name__}") from e
         if r.status_code != 200:
-            raise CaptureError(r.status_code if r.status_code < 500 else 502,
-                               f"engine answered HTTP {r.status_code}: {r.text[:500]}")
+            raise CaptureError(
+                r.status_code if r.status_code < 500 else 502, f"engine answered HTTP {r.status_code}: {r.text[:500]}"
+            )
         try:
             data = r.json()
         except ValueError as e:
@@ -214,18 +236,34 @@ class CaptureProxy:
             lps.append(float(lp))
         msg = choice.get("message") or {}
         out_msg = {"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls") or []}
-        return Turn(index=len(session.turns), prompt_token_ids=prompt_ids, completion_token_ids=ids, logprobs=lps,
-                    finish_reason=choice.get("finish_reason"), streamed=stream, wall_s=round(wall, 4),
-                    request=up, response_message=out_msg)
+        return Turn(
+            index=len(session.turns),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=ids,
+            logprobs=lps,
+            finish_reason=choice.get("finish_reason"),
+            streamed=stream,
+            wall_s=round(wall, 4),
+            request=up,
+            response_message=out_msg,
+        )
 
-    def _reply(self, model: Any, msg: dict, finish: str | None, usage: dict | None, stream: bool,
-               include_usage: bool) -> Response:
+    def _reply(
+        self, model: Any, msg: dict, finish: str | None, usage: dict | None, stream: bool, include_usage: bool
+    ) -> Response:
         base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or "capture"}
         if not stream:
-            return JSONResponse({**base, "object": "chat.completion", "usage": usage,
-                                 "choices": [{"index": 0, "message": msg, "finish_reason": finish}]})
-        return StreamingResponse(_sse_replay(base, msg, finish, usage if include_usage else None),
-                                 media_type="text/event-stream")
+            return JSONResponse(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "usage": usage,
+                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                }
+            )
+        return StreamingResponse(
+            _sse_replay(base, msg, finish, usage if include_usage else None), media_type="text/event-stream"
+        )
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat_completions, methods=["POST"])])
@@ -244,11 +282,22 @@ def _sse_replay(base: dict, msg: dict, finish: str | None, usage: dict | None):
         yield event([{"index": 0, "delta": {"content": msg["content"]}, "finish_reason": None}])
     for i, call in enumerate(msg.get("tool_calls") or []):
         fn = call.get("function") or {}
-        head = {"index": i, "id": call.get("id") or f"call_{i}", "type": "function",
-                "function": {"name": fn.get("name"), "arguments": ""}}
+        head = {
+            "index": i,
+            "id": call.get("id") or f"call_{i}",
+            "type": "function",
+            "function": {"name": fn.get("name"), "arguments": ""},
+        }
         yield event([{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}])
-        yield event([{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {
-            "arguments": fn.get("arguments") or ""}}]}, "finish_reason": None}])
+        yield event(
+            [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": i, "function": {"arguments": fn.get("arguments") or ""}}]},
+                    "finish_reason": None,
+                }
+            ]
+        )
     yield event([{"index": 0, "delta": {}, "finish_reason": finish or "stop"}])
     if usage is not None:
         yield event([], usage=usage)

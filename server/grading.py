@@ -62,19 +62,25 @@ def eval_script(task: Task, has_patch: bool) -> str:
     apply_model = (
         "git apply --verbose /tmp/grading/model.patch || git apply --verbose --reject /tmp/grading/model.patch "
         "|| patch --batch --fuzz=5 -p1 -i /tmp/grading/model.patch || { echo '>>>>> Patch Apply Failed'; exit 0; }"
-        if has_patch else "echo 'empty model patch'"
+        if has_patch
+        else "echo 'empty model patch'"
     )
-    return "\n".join([
-        f"cd {wd}",
-        apply_model,
-        f"git checkout {base} -- {files} 2>/dev/null || true",
-        "git apply --verbose /tmp/grading/test.patch || { echo '>>>>> Test Patch Apply Failed'; exit 3; }",
-        f"echo '{START}'",
-        f"python -m pytest -rA -p no:cacheprovider {files}",
-        "rc=$?",
-        f"echo '{END}'",
-        f'echo "{EXIT} $rc"',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"cd {wd}",
+                apply_model,
+                f"git checkout {base} -- {files} 2>/dev/null || true",
+                "git apply --verbose /tmp/grading/test.patch || { echo '>>>>> Test Patch Apply Failed'; exit 3; }",
+                f"echo '{START}'",
+                f"python -m pytest -rA -p no:cacheprovider {files}",
+                "rc=$?",
+                f"echo '{END}'",
+                f'echo "{EXIT} $rc"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def load_swebench():
@@ -82,13 +88,17 @@ def load_swebench():
     from swebench.harness import grading
     from swebench.types import TestSpec
 
-    return SimpleNamespace(TestSpec=TestSpec, get_logs_eval=grading.get_logs_eval,
-                           get_eval_tests_report=grading.get_eval_tests_report,
-                           get_resolution_status=grading.get_resolution_status)
+    return SimpleNamespace(
+        TestSpec=TestSpec,
+        get_logs_eval=grading.get_logs_eval,
+        get_eval_tests_report=grading.get_eval_tests_report,
+        get_resolution_status=grading.get_resolution_status,
+    )
 
 
-async def grade(task: Task, model_patch: str, make_sandbox: Callable[[], Awaitable[Sandbox]],
-                timeout_s: float = 300.0) -> Grade:
+async def grade(
+    task: Task, model_patch: str, make_sandbox: Callable[[], Awaitable[Sandbox]], timeout_s: float = 300.0
+) -> Grade:
     swebench = await asyncio.to_thread(load_swebench)
     patch, dropped = filter_model_patch(model_patch, task)
     sbx = await make_sandbox()
@@ -104,9 +114,17 @@ async def grade(task: Task, model_patch: str, make_sandbox: Callable[[], Awaitab
         raise GradingError(f"tests timed out after {timeout_s:.0f}s")
     if "Test Patch Apply Failed" in log:
         raise GradingError("the task's test patch did not apply: " + res.stdout[-500:])
-    spec = swebench.TestSpec(instance_id=task.instance_id, image="", eval_script_list=[], repo=task.repo, version="",
-                    FAIL_TO_PASS=list(task.FAIL_TO_PASS), PASS_TO_PASS=list(task.PASS_TO_PASS),
-                    log_parser="parse_log_pytest", eval_type="pass_and_fail")
+    spec = swebench.TestSpec(
+        instance_id=task.instance_id,
+        image="",
+        eval_script_list=[],
+        repo=task.repo,
+        version="",
+        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+        PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser="parse_log_pytest",
+        eval_type="pass_and_fail",
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
         f.write(log)
         f.flush()
@@ -119,7 +137,11 @@ async def grade(task: Task, model_patch: str, make_sandbox: Callable[[], Awaitab
     resolution = swebench.get_resolution_status(report)
     return Grade(
         reward=1.0 if resolution == "RESOLVED_FULL" else 0.0,
-        report=TestReport(resolution=resolution, fail_to_pass=report["FAIL_TO_PASS"],
-                          pass_to_pass=report["PASS_TO_PASS"], log_tail=log[-4000:]),
+        report=TestReport(
+            resolution=resolution,
+            fail_to_pass=report["FAIL_TO_PASS"],
+            pass_to_pass=report["PASS_TO_PASS"],
+            log_tail=log[-4000:],
+        ),
         dropped_files=dropped,
     )

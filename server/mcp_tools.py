@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastmcp import Context, FastMCP
 from pydantic import Field
+
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.wire import RolloutRequest, RolloutResult
 
@@ -32,8 +33,14 @@ def build_mcp(service: RolloutService) -> FastMCP:
         try:
             req = RolloutRequest.model_validate(kwargs)
         except ValueError as e:
-            return RolloutResult(rollout_id="", ok=False, error=f"invalid arguments: {e}", phase="validate",
-                                 harness=str(kwargs.get("harness")), sandbox=str(kwargs.get("sandbox")))
+            return RolloutResult(
+                rollout_id="",
+                ok=False,
+                error=f"invalid arguments: {e}",
+                phase="validate",
+                harness=str(kwargs.get("harness")),
+                sandbox=str(kwargs.get("sandbox")),
+            )
         step = 0
 
         async def notify(message: str) -> None:
@@ -47,10 +54,11 @@ def build_mcp(service: RolloutService) -> FastMCP:
         return await service.run(req, notify)
 
     sig = inspect.signature(run_rollout)
-    run_rollout.__signature__ = sig.replace(
-        parameters=[sig.parameters["ctx"], *_request_params()]
-    )
-    run_rollout.__annotations__ = {"ctx": Context, "return": RolloutResult,
-                                   **{p.name: p.annotation for p in _request_params()}}
+    run_rollout.__signature__ = sig.replace(parameters=[sig.parameters["ctx"], *_request_params()])
+    run_rollout.__annotations__ = {
+        "ctx": Context,
+        "return": RolloutResult,
+        **{p.name: p.annotation for p in _request_params()},
+    }
     mcp.tool(run_rollout)
     return mcp

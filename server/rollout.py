@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import time
 import uuid
@@ -53,6 +54,18 @@ class ServerConfig:
     context_window: int = 8192
     grading_timeout_s: float = 300.0
 
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
+        from swe_gym_env.server.assets import cache_dir
+
+        engine = EngineTarget(
+            base_url=os.environ.get("SWE_GYM_ENGINE_URL", "http://127.0.0.1:8001/v1").rstrip("/"),
+            served_model=os.environ.get("SWE_GYM_ENGINE_MODEL", "smollm2-135m-instruct"),
+            api_key=os.environ.get("SWE_GYM_ENGINE_API_KEY") or None,
+        )
+        return cls(engines={"default": engine}, results_dir=cache_dir() / "results")
+
 
 @dataclass
 class RolloutRecord:
@@ -83,8 +96,14 @@ class RolloutService:
         except RolloutFailure as e:
             result = self._failed(rec, req, e.phase, e.message, state, e.stop_reason)
         except TimeoutError:
-            result = self._failed(rec, req, rec.phase, f"rollout deadline of {req.deadline_s:.0f}s exceeded "
-                                  f"during {rec.phase}", state, "deadline")
+            result = self._failed(
+                rec,
+                req,
+                rec.phase,
+                f"rollout deadline of {req.deadline_s:.0f}s exceeded during {rec.phase}",
+                state,
+                "deadline",
+            )
         except Exception as e:  # a failure is a result, never an exception into the caller
             result = self._failed(rec, req, rec.phase, f"internal error: {type(e).__name__}: {e}", state)
         result.timings = {k: round(v, 3) for k, v in timings.items()}
@@ -94,20 +113,39 @@ class RolloutService:
         self._persist(result)
         return result
 
-    def _failed(self, rec: RolloutRecord, req: RolloutRequest, phase: Phase, error: str, state: dict,
-                stop_reason: str | None = None) -> RolloutResult:
-        return RolloutResult(rollout_id=rec.rollout_id, ok=False, error=error, phase=phase, reward=None,
-                             instance_id=state.get("instance_id"), harness=req.harness, sandbox=req.sandbox,
-                             stop_reason=stop_reason, turns=state["turns"], findings=state["findings"],
-                             model_patch=state.get("patch"), agent_exit_code=state.get("exit_code"))
+    def _failed(
+        self,
+        rec: RolloutRecord,
+        req: RolloutRequest,
+        phase: Phase,
+        error: str,
+        state: dict,
+        stop_reason: str | None = None,
+    ) -> RolloutResult:
+        return RolloutResult(
+            rollout_id=rec.rollout_id,
+            ok=False,
+            error=error,
+            phase=phase,
+            reward=None,
+            instance_id=state.get("instance_id"),
+            harness=req.harness,
+            sandbox=req.sandbox,
+            stop_reason=stop_reason,
+            turns=state["turns"],
+            findings=state["findings"],
+            model_patch=state.get("patch"),
+            agent_exit_code=state.get("exit_code"),
+        )
 
     async def _phase(self, rec: RolloutRecord, phase: Phase, notify: Notify | None) -> None:
         rec.phase = phase
         if notify is not None:
             await notify(f"phase: {phase}")
 
-    async def _run(self, rec: RolloutRecord, req: RolloutRequest, timings: dict[str, float], state: dict,
-                   notify: Notify | None) -> RolloutResult:
+    async def _run(
+        self, rec: RolloutRecord, req: RolloutRequest, timings: dict[str, float], state: dict, notify: Notify | None
+    ) -> RolloutResult:
         await self._phase(rec, "task", notify)
         try:
             task = get_task(req.split, req.index, req.instance_id)
@@ -128,15 +166,17 @@ class RolloutService:
             raise RolloutFailure("install", str(e)) from e
 
         await self._phase(rec, "session", notify)
-        session, key = self.capture.open_session(engine, max_calls=req.max_model_calls, max_tokens=req.max_tokens,
-                                                 temperature=req.temperature)
+        session, key = self.capture.open_session(
+            engine, max_calls=req.max_model_calls, max_tokens=req.max_tokens, temperature=req.temperature
+        )
         # Turn notifications are queued by the capture proxy (another request's context) and sent from this one.
         queue: asyncio.Queue[str] = asyncio.Queue()
         pump: asyncio.Task | None = None
         if notify is not None:
             session.on_turn = lambda turn: queue.put_nowait(
                 f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
-                f"{len(turn.completion_token_ids)} completion tokens")
+                f"{len(turn.completion_token_ids)} completion tokens"
+            )
 
             async def drain() -> None:
                 while True:
@@ -147,13 +187,22 @@ class RolloutService:
         try:
             await self._phase(rec, "boot", notify)
             t = time.monotonic()
-            spec = SandboxSpec(repo_source=task.repo_source or "", base_commit=task.base_commit,
-                               workdir=task.workdir, capture_socket=self.config.capture_socket, ro_mounts=mounts,
-                               labels={"rollout": rec.rollout_id})
+            spec = SandboxSpec(
+                repo_source=task.repo_source or "",
+                base_commit=task.base_commit,
+                workdir=task.workdir,
+                capture_socket=self.config.capture_socket,
+                ro_mounts=mounts,
+                labels={"rollout": rec.rollout_id},
+            )
             try:
                 sbx = await create_sandbox(req.sandbox, spec)
-                cfg = AgentConfig(base_url=sbx.capture_base_url or "", model=engine.served_model,
-                                  context_window=self.config.context_window, max_tokens=req.max_tokens)
+                cfg = AgentConfig(
+                    base_url=sbx.capture_base_url or "",
+                    model=engine.served_model,
+                    context_window=self.config.context_window,
+                    max_tokens=req.max_tokens,
+                )
                 prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)
                 for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
                     await sbx.write_file(path, data, mode)
@@ -177,9 +226,12 @@ class RolloutService:
                 raise RolloutFailure("agent", "agent timed out", "timeout")
             if not session.turns:
                 kind = outcome.error_kind or "no_model_calls"
-                raise RolloutFailure("agent", f"{kind}: the agent made no model call through the capture proxy"
-                                     + (f" ({outcome.error})" if outcome.error else "")
-                                     + (f"; exit {res.exit_code}: {res.stderr[-300:]}" if res.exit_code else ""))
+                raise RolloutFailure(
+                    "agent",
+                    f"{kind}: the agent made no model call through the capture proxy"
+                    + (f" ({outcome.error})" if outcome.error else "")
+                    + (f"; exit {res.exit_code}: {res.stderr[-300:]}" if res.exit_code else ""),
+                )
             if outcome.error_kind and not budget_hit:
                 raise RolloutFailure("agent", f"{outcome.error_kind}: {outcome.error}")
             if res.exit_code != 0 and not budget_hit:
@@ -198,11 +250,13 @@ class RolloutService:
 
         await self._phase(rec, "grade", notify)
         t = time.monotonic()
-        grading_spec = SandboxSpec(repo_source=task.repo_source or "", base_commit=task.base_commit,
-                                   workdir=task.workdir)
+        grading_spec = SandboxSpec(
+            repo_source=task.repo_source or "", base_commit=task.base_commit, workdir=task.workdir
+        )
         try:
-            g = await grade(task, patch, lambda: create_sandbox(req.sandbox, grading_spec),
-                            self.config.grading_timeout_s)
+            g = await grade(
+                task, patch, lambda: create_sandbox(req.sandbox, grading_spec), self.config.grading_timeout_s
+            )
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e
         timings["grade"] = time.monotonic() - t
@@ -210,15 +264,28 @@ class RolloutService:
         if g.dropped_files:
             findings.append(f"grading ignored the agent's edits to protected files: {g.dropped_files}")
         await self._phase(rec, "done", notify)
-        return RolloutResult(rollout_id=rec.rollout_id, ok=True, reward=g.reward, instance_id=task.instance_id,
-                             harness=req.harness, sandbox=req.sandbox, stop_reason=session.stop_reason or "agent_done",
-                             turns=session.turns, model_patch=patch, grading=g.report, agent_exit_code=res.exit_code,
-                             findings=findings)
+        return RolloutResult(
+            rollout_id=rec.rollout_id,
+            ok=True,
+            reward=g.reward,
+            instance_id=task.instance_id,
+            harness=req.harness,
+            sandbox=req.sandbox,
+            stop_reason=session.stop_reason or "agent_done",
+            turns=session.turns,
+            model_patch=patch,
+            grading=g.report,
+            agent_exit_code=res.exit_code,
+            findings=findings,
+        )
 
     async def _extract_diff(self, sbx: Sandbox, task: Task) -> str:
         base = task.base_commit
-        r = await sbx.exec(f"git add -A -- . {DIFF_EXCLUDES} && git diff --cached --binary --no-color "
-                           f"--no-ext-diff {shlex.quote(base)} > /tmp/.model.patch", timeout=120)
+        r = await sbx.exec(
+            f"git add -A -- . {DIFF_EXCLUDES} && git diff --cached --binary --no-color "
+            f"--no-ext-diff {shlex.quote(base)} > /tmp/.model.patch",
+            timeout=120,
+        )
         if not r.ok:
             raise RolloutFailure("diff", f"could not extract the agent's diff: {r.stderr[-500:]}")
         data = await sbx.read_file("/tmp/.model.patch", DIFF_LIMIT + 1)

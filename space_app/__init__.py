@@ -1,0 +1,1 @@
+"""Hugging Face Space packaging: README front matter in space_app/README.md; `push` is not built yet."""

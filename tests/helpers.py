@@ -14,13 +14,27 @@ from swe_gym_env.server.engine.policy import make_policy
 MODEL = "smollm2-135m-instruct"
 
 PI_TOOLS = [
-    {"type": "function", "function": {"name": "bash", "description": "Run a command", "strict": False,
-                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                                                     "required": ["command"]}}},
-    {"type": "function", "function": {"name": "edit", "description": "Edit a file", "strict": False,
-                                      "parameters": {"type": "object", "properties": {
-                                          "path": {"type": "string"},
-                                          "edits": {"type": "array", "items": {"type": "object"}}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command",
+            "strict": False,
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "description": "Edit a file",
+            "strict": False,
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "edits": {"type": "array", "items": {"type": "object"}}},
+            },
+        },
+    },
 ]
 
 

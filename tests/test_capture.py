@@ -1,12 +1,13 @@
 import httpx
 import pytest
-from helpers import MODEL, PI_TOOLS, engine_app, sse_events
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.tasks.catalog import bundled_tasks
+
+from helpers import MODEL, PI_TOOLS, engine_app, sse_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
@@ -17,15 +18,19 @@ def make_proxy(app) -> CaptureProxy:
 
 def agent(proxy: CaptureProxy, key: str | None) -> httpx.AsyncClient:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app()), base_url="http://capture",
-                             headers=headers)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app()), base_url="http://capture", headers=headers)
 
 
 def agent_request(**extra):
     task = bundled_tasks()[0]
-    return {"model": "whatever/the-agent-says", "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": [{"type": "text", "text": task.problem_statement}]}],
-            "tools": PI_TOOLS, **extra}
+    return {
+        "model": "whatever/the-agent-says",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": task.problem_statement}]}],
+        "tools": PI_TOOLS,
+        **extra,
+    }
 
 
 async def test_unknown_and_closed_keys_get_401():
@@ -49,8 +54,12 @@ async def test_streamed_call_is_captured_and_replayed():
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] > 0
-    args = "".join(tc["function"].get("arguments", "") for e in events[:-1] for ch in e["choices"]
-                   for tc in ch["delta"].get("tool_calls", []))
+    args = "".join(
+        tc["function"].get("arguments", "")
+        for e in events[:-1]
+        for ch in e["choices"]
+        for tc in ch["delta"].get("tool_calls", [])
+    )
     assert '"path": "batchtools/chunks.py"' in args
     assert [e["choices"][0]["finish_reason"] for e in events[:-2]][-1] == "tool_calls"
     (turn,) = session.turns
@@ -78,14 +87,16 @@ def bad_engine(kind: str) -> Starlette:
             return HTMLResponse("<html>gateway</html>")
         if kind == "500":
             return JSONResponse({"error": "boom"}, 500)
-        return JSONResponse({"choices": [{"index": 0, "finish_reason": "stop",
-                                          "message": {"role": "assistant", "content": "hi"}}]})
+        return JSONResponse(
+            {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
+        )
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-@pytest.mark.parametrize("kind,status,needle", [("no-ids", 502, "no prompt_token_ids"),
-                                                 ("html", 502, "not JSON"), ("500", 502, "HTTP 500")])
+@pytest.mark.parametrize(
+    "kind,status,needle", [("no-ids", 502, "no prompt_token_ids"), ("html", 502, "not JSON"), ("500", 502, "HTTP 500")]
+)
 async def test_engine_garbage_is_an_error_never_a_silent_success(kind, status, needle):
     proxy = make_proxy(bad_engine(kind))
     session, key = proxy.open_session(EngineTarget("http://engine/v1", MODEL), max_calls=5, max_tokens=64)

@@ -4,15 +4,23 @@ import pytest
 
 from swe_gym_env.server.engine.policy import OraclePolicy, _hunks
 from swe_gym_env.tasks.catalog import bundled_tasks
+
 from helpers import MODEL, PI_TOOLS, engine_client, sse_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
 
 def pi_request(task, **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": task.problem_statement}]}],
-            "tools": PI_TOOLS, "return_token_ids": True, "logprobs": True, "top_logprobs": 1,
-            "return_tokens_as_token_ids": True, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": task.problem_statement}]}],
+        "tools": PI_TOOLS,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "return_tokens_as_token_ids": True,
+        **extra,
+    }
 
 
 async def test_non_streamed_reply_carries_vllm_capture_fields():
@@ -41,8 +49,9 @@ async def test_streamed_ids_concatenate_to_the_non_streamed_ones():
     task = bundled_tasks()[0]
     async with engine_client() as c:
         plain = (await c.post("/v1/chat/completions", json=pi_request(task))).json()
-        r = await c.post("/v1/chat/completions",
-                         json=pi_request(task, stream=True, stream_options={"include_usage": True}))
+        r = await c.post(
+            "/v1/chat/completions", json=pi_request(task, stream=True, stream_options={"include_usage": True})
+        )
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -99,8 +108,9 @@ async def test_noop_and_script_policies(tmp_path):
         body = (await c.post("/v1/chat/completions", json=pi_request(task))).json()
     assert body["choices"][0]["message"]["content"] == "done"
     script = tmp_path / "s.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
-                                  {"content": "all good"}]))
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, {"content": "all good"}])
+    )
     async with engine_client(f"script:{script}") as c:
         body = (await c.post("/v1/chat/completions", json=pi_request(task))).json()
         call = body["choices"][0]["message"]["tool_calls"][0]["function"]

@@ -7,8 +7,12 @@ from swe_gym_env.tasks.catalog import TaskNotFound, bundled_tasks, find_by_probl
 from swe_gym_env.tasks.models import Task
 
 ROW = {
-    "instance_id": "o__r-1", "repo": "o/r", "base_commit": "a" * 40, "problem_statement": "bug",
-    "test_patch": "diff --git a/tests/t.py b/tests/t.py\n", "FAIL_TO_PASS": ["tests/t.py::test_a"],
+    "instance_id": "o__r-1",
+    "repo": "o/r",
+    "base_commit": "a" * 40,
+    "problem_statement": "bug",
+    "test_patch": "diff --git a/tests/t.py b/tests/t.py\n",
+    "FAIL_TO_PASS": ["tests/t.py::test_a"],
 }
 
 
@@ -28,8 +32,14 @@ def test_swe_bench_json_string_lists_are_decoded():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("repo", "o/r; rm -rf /"), ("base_commit", "HEAD"), ("base_commit", "$(id)"), ("instance_id", "../x"),
-     ("FAIL_TO_PASS", []), ("FAIL_TO_PASS", ["a\nb"])],
+    [
+        ("repo", "o/r; rm -rf /"),
+        ("base_commit", "HEAD"),
+        ("base_commit", "$(id)"),
+        ("instance_id", "../x"),
+        ("FAIL_TO_PASS", []),
+        ("FAIL_TO_PASS", ["a\nb"]),
+    ],
 )
 def test_malformed_rows_are_rejected_naming_the_field(field, value):
     with pytest.raises(ValidationError) as e:

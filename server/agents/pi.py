@@ -36,8 +36,20 @@ class PiHarness:
             return root
         root.mkdir(parents=True, exist_ok=True)
         log(f"installing {self.package}@{self.version} with npm into {root}")
-        subprocess.run(["npm", "install", "--prefix", str(root), "--omit=optional", "--no-audit", "--no-fund",
-                        "--loglevel=error", f"{self.package}@{self.version}"], check=True)
+        subprocess.run(
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(root),
+                "--omit=optional",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                f"{self.package}@{self.version}",
+            ],
+            check=True,
+        )
         if not self.cli_js(root).is_file():
             raise AgentError("install", f"npm install finished but {self.cli_js(root)} is missing")
         return root
@@ -49,11 +61,21 @@ class PiHarness:
         return {str(root): f"{AGENT_MOUNT}/pi"}
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
-        models = {"providers": {PROVIDER: {
-            "baseUrl": f"{cfg.base_url}/v1", "api": "openai-completions", "apiKey": KEY_ENV,
-            "compat": {"supportsStore": False, "supportsDeveloperRole": False, "supportsReasoningEffort": False},
-            "models": [{"id": cfg.model, "contextWindow": cfg.context_window, "maxTokens": cfg.max_tokens}],
-        }}}
+        models = {
+            "providers": {
+                PROVIDER: {
+                    "baseUrl": f"{cfg.base_url}/v1",
+                    "api": "openai-completions",
+                    "apiKey": KEY_ENV,
+                    "compat": {
+                        "supportsStore": False,
+                        "supportsDeveloperRole": False,
+                        "supportsReasoningEffort": False,
+                    },
+                    "models": [{"id": cfg.model, "contextWindow": cfg.context_window, "maxTokens": cfg.max_tokens}],
+                }
+            }
+        }
         settings = {"enableInstallTelemetry": False, "quietStartup": True, "compaction": {"enabled": False}}
         agent_dir = f"{AGENT_HOME}/.pi/agent"
         return {
@@ -98,8 +120,9 @@ class PiHarness:
                 out.completion_tokens.append(usage["output"])
         if errors and out.model_calls == 0:
             low = errors[-1].lower()
-            out.error_kind = "endpoint_unreachable" if ("connect" in low or "fetch" in low or "401" in low) else (
-                "agent_crashed")
+            out.error_kind = (
+                "endpoint_unreachable" if ("connect" in low or "fetch" in low or "401" in low) else ("agent_crashed")
+            )
             out.error = errors[-1][:500]
         elif errors:
             out.error_kind = "agent_crashed"

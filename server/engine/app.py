@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import Policy, Reply
 
@@ -52,7 +53,10 @@ class Completion:
         # prompt extends this one.
         parts = [reply.content or ""]
         call_texts = [
-            '<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": ' + c["function"]["arguments"]
+            '<tool_call>\n{"name": "'
+            + c["function"]["name"]
+            + '", "arguments": '
+            + c["function"]["arguments"]
             + "}\n</tool_call>"
             for c in self.tool_calls
         ]
@@ -75,8 +79,12 @@ class Completion:
         self.logprobs = [_fake_logprob(offset + i, t) for i, t in enumerate(ids)]
 
     def message(self) -> dict[str, Any]:
-        return {"role": "assistant", "content": self.content or None, "tool_calls": self.tool_calls,
-                "reasoning_content": None}
+        return {
+            "role": "assistant",
+            "content": self.content or None,
+            "tool_calls": self.tool_calls,
+            "reasoning_content": None,
+        }
 
 
 class Engine:
@@ -123,20 +131,36 @@ class Engine:
         want_lp = bool(body.get("logprobs"))
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         want_ids = bool(body.get("return_token_ids"))
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.served_model,
-                "system_fingerprint": f"swe-gym-env-builtin:{self.policy.name}"}
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(comp.token_ids),
-                 "total_tokens": len(prompt_ids) + len(comp.token_ids)}
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self.served_model,
+            "system_fingerprint": f"swe-gym-env-builtin:{self.policy.name}",
+        }
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(comp.token_ids),
+            "total_tokens": len(prompt_ids) + len(comp.token_ids),
+        }
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            chunks = self._stream(base, comp, prompt_ids if want_ids else None, want_lp, as_ids, top, want_ids,
-                                  usage if include_usage else None)
+            chunks = self._stream(
+                base,
+                comp,
+                prompt_ids if want_ids else None,
+                want_lp,
+                as_ids,
+                top,
+                want_ids,
+                usage if include_usage else None,
+            )
             return StreamingResponse(chunks, media_type="text/event-stream")
         choice: dict[str, Any] = {
             "index": 0,
             "message": comp.message(),
             "logprobs": {"content": self.logprob_entries(comp.token_ids, comp.logprobs, as_ids, top)}
-            if want_lp else None,
+            if want_lp
+            else None,
             "finish_reason": comp.finish_reason,
             "stop_reason": None,
         }
@@ -150,13 +174,18 @@ class Engine:
     def _stream(self, base, comp: Completion, prompt_ids, want_lp, as_ids, top, want_ids, usage) -> Iterator[str]:
         def chunk(delta: dict, ids: list[int], lps: list[float], finish: str | None = None, **extra) -> str:
             choice: dict[str, Any] = {
-                "index": 0, "delta": delta, "finish_reason": finish,
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish,
                 "logprobs": {"content": self.logprob_entries(ids, lps, as_ids, top)} if want_lp and ids else None,
             }
             if want_ids:
                 choice["token_ids"] = ids
-            return "data: " + json.dumps({**base, "object": "chat.completion.chunk", "choices": [choice],
-                                          **extra}) + "\n\n"
+            return (
+                "data: "
+                + json.dumps({**base, "object": "chat.completion.chunk", "choices": [choice], **extra})
+                + "\n\n"
+            )
 
         first_extra = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}
         yield chunk({"role": "assistant", "content": ""}, [], [], **first_extra)
@@ -166,23 +195,32 @@ class Engine:
             yield chunk({"content": self.renderer.token_text(t)}, [t], lps[pos : pos + 1])
             pos += 1
         for i, (call, ids) in enumerate(zip(comp.tool_calls, comp.call_ids, strict=True)):
-            delta = {"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                     "function": {"name": call["function"]["name"],
-                                                  "arguments": call["function"]["arguments"]}}]}
+            delta = {
+                "tool_calls": [
+                    {
+                        "index": i,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+                    }
+                ]
+            }
             yield chunk(delta, ids, lps[pos : pos + len(ids)])
             pos += len(ids)
         rest = comp.token_ids[pos:]
         yield chunk({}, rest, lps[pos:], finish=comp.finish_reason)
         if usage is not None:
-            yield "data: " + json.dumps({**base, "object": "chat.completion.chunk", "choices": [],
-                                         "usage": usage}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+                + "\n\n"
+            )
         yield "data: [DONE]\n\n"
 
     async def tokenize(self, request: Request) -> Response:
         body = await request.json()
         if "messages" in body:
-            text = self.renderer.render(body["messages"], body.get("tools"),
-                                        body.get("add_generation_prompt", True))
+            text = self.renderer.render(body["messages"], body.get("tools"), body.get("add_generation_prompt", True))
         else:
             text = str(body.get("prompt", ""))
         ids = self.renderer.encode(text)
@@ -193,19 +231,31 @@ class Engine:
         return JSONResponse({"prompt": self.renderer.decode([int(t) for t in body.get("tokens", [])])})
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.served_model, "object": "model", "owned_by": f"swe-gym-env builtin ({self.policy.name})",
-            "max_model_len": MAX_MODEL_LEN}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.served_model,
+                        "object": "model",
+                        "owned_by": f"swe-gym-env builtin ({self.policy.name})",
+                        "max_model_len": MAX_MODEL_LEN,
+                    }
+                ],
+            }
+        )
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
 
 
 def create_engine_app(engine: Engine) -> Starlette:
-    return Starlette(routes=[
-        Route("/v1/chat/completions", engine.chat, methods=["POST"]),
-        Route("/tokenize", engine.tokenize, methods=["POST"]),
-        Route("/detokenize", engine.detokenize, methods=["POST"]),
-        Route("/v1/models", engine.models, methods=["GET"]),
-        Route("/health", engine.health, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", engine.chat, methods=["POST"]),
+            Route("/tokenize", engine.tokenize, methods=["POST"]),
+            Route("/detokenize", engine.detokenize, methods=["POST"]),
+            Route("/v1/models", engine.models, methods=["GET"]),
+            Route("/health", engine.health, methods=["GET"]),
+        ]
+    )

@@ -69,8 +69,10 @@ class ScriptPolicy(Policy):
         if not isinstance(data, list):
             raise ValueError(f"{path}: a script is a JSON list of replies")
         self.replies = [
-            Reply(content=r.get("content"),
-                  tool_calls=[(c["name"], c.get("arguments", {})) for c in r.get("tool_calls", [])])
+            Reply(
+                content=r.get("content"),
+                tool_calls=[(c["name"], c.get("arguments", {})) for c in r.get("tool_calls", [])],
+            )
             for r in data
         ]
 

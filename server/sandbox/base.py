@@ -45,8 +45,15 @@ def clip(data: bytes, limit: int = OUTPUT_LIMIT) -> str:
 class Sandbox(Protocol):
     capture_base_url: str | None  # where, inside the sandbox, /capture answers
 
-    async def exec(self, cmd: str, *, timeout: float, stdin: bytes | None = None, relay: bool = False,
-                   env: dict[str, str] | None = None) -> ExecResult: ...
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        relay: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult: ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 

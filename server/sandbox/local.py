@@ -24,8 +24,20 @@ from swe_gym_env.server.sandbox.base import ExecResult, SandboxError, SandboxSpe
 RELAY_PORT = 18080
 RELAY_SCRIPT = Path(__file__).resolve().parent / "relay.py"
 SOCKET_DIR = "/run/swe-gym"
-ETC_FILES = ["passwd", "group", "nsswitch.conf", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-             "localtime", "alternatives", "ssl", "ca-certificates", "mime.types"]
+ETC_FILES = [
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "mime.types",
+]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
 
 
@@ -80,8 +92,17 @@ class LocalSandbox:
     def _argv(self, env: dict[str, str]) -> list[str]:
         runtime = task_runtime_dir()
         base = Path(sys.base_prefix).resolve()
-        args = [bwrap_path(), "--die-with-parent", "--unshare-all", "--new-session", "--cap-drop", "ALL",
-                "--ro-bind", "/usr", "/usr"]
+        args = [
+            bwrap_path(),
+            "--die-with-parent",
+            "--unshare-all",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for link in ("bin", "lib", "lib64", "sbin"):
             p = Path("/") / link
             if p.is_symlink():
@@ -90,27 +111,60 @@ class LocalSandbox:
                 args += ["--ro-bind", str(p), str(p)]
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--ro-bind", str(base), str(base), "--ro-bind", str(runtime), str(runtime),
-                 "--ro-bind", str(RELAY_SCRIPT), "/opt/swe-gym/relay.py",
-                 "--bind", str(self.root / "testbed"), self.spec.workdir,
-                 "--bind", str(self.root / "home"), "/home/agent",
-                 "--bind", str(self.root / "tmp"), "/tmp"]
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--ro-bind",
+            str(base),
+            str(base),
+            "--ro-bind",
+            str(runtime),
+            str(runtime),
+            "--ro-bind",
+            str(RELAY_SCRIPT),
+            "/opt/swe-gym/relay.py",
+            "--bind",
+            str(self.root / "testbed"),
+            self.spec.workdir,
+            "--bind",
+            str(self.root / "home"),
+            "/home/agent",
+            "--bind",
+            str(self.root / "tmp"),
+            "/tmp",
+        ]
         for host, inside in self.spec.ro_mounts.items():
             args += ["--ro-bind", host, inside]
         if self.spec.capture_socket is not None:
             args += ["--ro-bind", str(self.spec.capture_socket), f"{SOCKET_DIR}/capture.sock"]
         path = f"{runtime}/bin:/usr/local/bin:/usr/bin:/bin"
-        full_env = {"PATH": path, "HOME": "/home/agent", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "USER": "agent",
-                    **GIT_ENV, **self.spec.env, **env}
+        full_env = {
+            "PATH": path,
+            "HOME": "/home/agent",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "USER": "agent",
+            **GIT_ENV,
+            **self.spec.env,
+            **env,
+        }
         args += ["--clearenv"]
         for k, v in full_env.items():
             args += ["--setenv", k, v]
         args += ["--chdir", self.spec.workdir]
         return args
 
-    async def exec(self, cmd: str, *, timeout: float, stdin: bytes | None = None, relay: bool = False,
-                   env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        relay: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         if relay:
@@ -124,8 +178,11 @@ class LocalSandbox:
             )
         argv = [*self._argv(env or {}), "--", "/bin/sh", "-c", cmd]
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self._procs.add(proc)
         try:

@@ -98,7 +98,7 @@ CHUNKS_FIXED = CHUNKS_V2.replace(
     "    count = -(-len(items) // size)  # ceil: keep the last, partial chunk\n",
 )
 
-TESTS_V1 = '''import pytest
+TESTS_V1 = """import pytest
 
 from batchtools import chunked
 
@@ -114,12 +114,14 @@ def test_chunked_empty():
 def test_chunked_rejects_bad_size():
     with pytest.raises(ValueError):
         chunked([1, 2], 0)
-'''
+"""
 
-TESTS_NEW = TESTS_V1.replace(
-    "from batchtools import chunked\n",
-    "from batchtools import chunked\nfrom batchtools.chunks import chunk_count\n",
-) + '''
+TESTS_NEW = (
+    TESTS_V1.replace(
+        "from batchtools import chunked\n",
+        "from batchtools import chunked\nfrom batchtools.chunks import chunk_count\n",
+    )
+    + """
 
 def test_chunked_keeps_partial_tail():
     assert chunked([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
@@ -127,7 +129,8 @@ def test_chunked_keeps_partial_tail():
 
 def test_chunk_count_rounds_up():
     assert chunk_count(list(range(7)), 3) == 3
-'''
+"""
+)
 
 PROBLEM = """chunked() silently drops the last items when the length is not a multiple of size
 
@@ -171,13 +174,20 @@ def main() -> None:
         repo = Path(tmp) / "batchtools"
         repo.mkdir()
         git(repo, "init", "-q", "-b", "main")
-        write(repo, {"README.md": README, "pyproject.toml": PYPROJECT, "batchtools/__init__.py": INIT_V1,
-                     "batchtools/chunks.py": CHUNKS_V1, "tests/test_chunks.py": TESTS_V1})
+        write(
+            repo,
+            {
+                "README.md": README,
+                "pyproject.toml": PYPROJECT,
+                "batchtools/__init__.py": INIT_V1,
+                "batchtools/chunks.py": CHUNKS_V1,
+                "tests/test_chunks.py": TESTS_V1,
+            },
+        )
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", "Add chunked()", date="2026-01-05T10:00:00+00:00")
         write(repo, {"batchtools/chunks.py": CHUNKS_V2})
-        git(repo, "commit", "-q", "-am", "Compute chunks by count; add chunk_count()",
-            date="2026-02-11T15:30:00+00:00")
+        git(repo, "commit", "-q", "-am", "Compute chunks by count; add chunk_count()", date="2026-02-11T15:30:00+00:00")
         base = git(repo, "rev-parse", "HEAD").strip()
         gold = diff_of(repo, {"batchtools/chunks.py": CHUNKS_FIXED})
         test_patch = diff_of(repo, {"tests/test_chunks.py": TESTS_NEW})
@@ -194,10 +204,15 @@ def main() -> None:
         "version": "0.2",
         "patch": gold,
         "test_patch": test_patch,
-        "FAIL_TO_PASS": ["tests/test_chunks.py::test_chunked_keeps_partial_tail",
-                         "tests/test_chunks.py::test_chunk_count_rounds_up"],
-        "PASS_TO_PASS": ["tests/test_chunks.py::test_chunked_even", "tests/test_chunks.py::test_chunked_empty",
-                         "tests/test_chunks.py::test_chunked_rejects_bad_size"],
+        "FAIL_TO_PASS": [
+            "tests/test_chunks.py::test_chunked_keeps_partial_tail",
+            "tests/test_chunks.py::test_chunk_count_rounds_up",
+        ],
+        "PASS_TO_PASS": [
+            "tests/test_chunks.py::test_chunked_even",
+            "tests/test_chunks.py::test_chunked_empty",
+            "tests/test_chunks.py::test_chunked_rejects_bad_size",
+        ],
         "repo_source": "batchtools.bundle",
     }
     (HERE / "tasks.jsonl").write_text(json.dumps(row) + "\n")

@@ -1,0 +1,129 @@
+"""End to end, nothing mocked: built-in engine and server as processes, real MCP client over HTTP, real Pi in
+real bubblewrap, real swebench grading."""
+
+import glob
+import json
+import subprocess
+import sys
+import tempfile
+
+import httpx
+import pytest
+
+from swe_gym_env.cli import _wait_healthy, free_port
+from swe_gym_env.client.mcp_client import SweGymClient
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
+ME = [sys.executable, "-m", "swe_gym_env.cli"]
+
+
+class Stack:
+    def __init__(self, policy: str, engine_up: bool = True) -> None:
+        self.engine_port, self.server_port = free_port(), free_port()
+        self.procs: list[subprocess.Popen] = []
+        if engine_up:
+            self._start(
+                [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
+            )
+        self._start(
+            [*ME, "serve", "--port", str(self.server_port), "--engine-url", self.engine_url("/v1")],
+            f"http://127.0.0.1:{self.server_port}/health",
+        )
+
+    def engine_url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.engine_port}{path}"
+
+    @property
+    def mcp_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}/mcp"
+
+    def _start(self, argv, health):
+        p = subprocess.Popen(argv)
+        self.procs.append(p)
+        _wait_healthy(health, p)
+
+    def health(self) -> dict:
+        return httpx.get(f"http://127.0.0.1:{self.server_port}/health").json()
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+            p.wait(10)
+
+
+@pytest.fixture(scope="module")
+def oracle_stack():
+    s = Stack("oracle")
+    yield s
+    s.stop()
+
+
+def sandbox_dirs() -> set[str]:
+    return set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-*"))
+
+
+async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_stack):
+    before = sandbox_dirs()
+    progress: list[str] = []
+
+    async def on_progress(p, total, message):
+        progress.append(message)
+
+    async with SweGymClient(oracle_stack.mcp_url) as c:
+        assert "run_rollout" in await c.list_tools()
+        result = await c.run_rollout(harness="pi", on_progress=on_progress)
+    assert result.ok, result.error
+    assert result.reward == 1.0 and result.grading.resolution == "RESOLVED_FULL"
+    assert len(result.turns) >= 2 and result.stop_reason == "agent_done"
+    assert "-(-len(items) // size)" in result.model_patch
+    async with httpx.AsyncClient() as http:
+        for turn in result.turns:
+            tok = await http.post(
+                oracle_stack.engine_url("/tokenize"),
+                json={"messages": turn.request["messages"], "tools": turn.request.get("tools")},
+            )
+            assert tok.json()["tokens"] == turn.prompt_token_ids, f"turn {turn.index}"
+            assert len(turn.completion_token_ids) == len(turn.logprobs) > 0
+    assert "phase: agent" in progress and "phase: done" in progress
+    assert any(m.startswith("model call 2:") for m in progress)
+    assert result.timings["boot"] >= 0 and result.timings["agent"] > 0 and result.timings["grade"] > 0
+    assert sandbox_dirs() == before
+    assert oracle_stack.health()["capture_sessions"] == 0
+
+
+async def test_invalid_arguments_come_back_as_a_failed_result(oracle_stack):
+    async with SweGymClient(oracle_stack.mcp_url) as c:
+        result = await c.run_rollout(harness="pi", instance_id="no-such-task")
+        assert not result.ok and result.phase == "task" and result.reward is None
+        assert "no-such-task" in result.error
+
+
+async def test_noop_agent_is_graded_zero_not_failed():
+    s = Stack("noop")
+    try:
+        async with SweGymClient(s.mcp_url) as c:
+            result = await c.run_rollout(harness="pi")
+    finally:
+        s.stop()
+    assert result.ok and result.reward == 0.0 and len(result.turns) == 1
+    assert result.model_patch == ""
+
+
+async def test_dead_engine_fails_in_the_agent_phase_without_a_reward():
+    s = Stack("oracle", engine_up=False)
+    try:
+        async with SweGymClient(s.mcp_url) as c:
+            result = await c.run_rollout(harness="pi", deadline_s=120)
+        assert s.health()["capture_sessions"] == 0
+    finally:
+        s.stop()
+    assert not result.ok and result.phase == "agent" and result.reward is None
+    assert "engine unreachable" in result.error
+    assert result.turns == []
+
+
+def test_demo_command_prints_one_ok_json_object():
+    out = subprocess.run([*ME, "demo", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["ok"] is True and result["reward"] == 1.0 and len(result["turns"]) >= 2
