@@ -22,6 +22,7 @@ from swe_gym_env.server.assets import task_runtime_dir
 from swe_gym_env.server.sandbox.base import ExecResult, SandboxError, SandboxSpec, clip
 
 RELAY_PORT = 18080
+RUNTIME_MOUNT = "/opt/swe-gym/runtime"
 RELAY_SCRIPT = Path(__file__).resolve().parent / "relay.py"
 SOCKET_DIR = "/run/swe-gym"
 ETC_FILES = [
@@ -111,35 +112,18 @@ class LocalSandbox:
                 args += ["--ro-bind", str(p), str(p)]
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        args += [
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--ro-bind",
-            str(base),
-            str(base),
-            "--ro-bind",
-            str(runtime),
-            str(runtime),
-            "--ro-bind",
-            str(RELAY_SCRIPT),
-            "/opt/swe-gym/relay.py",
-            "--bind",
-            str(self.root / "testbed"),
-            self.spec.workdir,
-            "--bind",
-            str(self.root / "home"),
-            "/home/agent",
-            "--bind",
-            str(self.root / "tmp"),
-            "/tmp",
-        ]
+        # The sandbox's own writable dirs first: a later bind may sit under /tmp on the host (a runtime or a
+        # Python prefix there must not be hidden by the sandbox's /tmp).
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--bind", str(self.root / "tmp"), "/tmp", "--bind", str(self.root / "home"), "/home/agent"]
+        args += ["--bind", str(self.root / "testbed"), self.spec.workdir]
+        args += ["--ro-bind", str(base), str(base), "--ro-bind", str(runtime), RUNTIME_MOUNT]
+        args += ["--ro-bind", str(RELAY_SCRIPT), "/opt/swe-gym/relay.py"]
         for host, inside in self.spec.ro_mounts.items():
             args += ["--ro-bind", host, inside]
         if self.spec.capture_socket is not None:
             args += ["--ro-bind", str(self.spec.capture_socket), f"{SOCKET_DIR}/capture.sock"]
-        path = f"{runtime}/bin:/usr/local/bin:/usr/bin:/bin"
+        path = f"{RUNTIME_MOUNT}/bin:/usr/local/bin:/usr/bin:/bin"
         full_env = {
             "PATH": path,
             "HOME": "/home/agent",
