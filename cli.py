@@ -125,6 +125,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.validate import validate
+
+    return asyncio.run(validate(args.dataset, args.split, args.sandbox, args.limit))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -148,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--policy", default="oracle")
     d.add_argument("--json", action="store_true", help="print the result as one JSON object")
     d.set_defaults(func=cmd_demo)
+    va = sub.add_parser("validate", help="gold patch must score 1.0 and the empty patch 0.0 on every task")
+    va.add_argument("--dataset", default="bundled", help="bundled, a .jsonl/.json/.parquet file or a Hub id")
+    va.add_argument("--split", default="train")
+    va.add_argument("--sandbox", default="local")
+    va.add_argument("--limit", type=int, default=None)
+    va.set_defaults(func=cmd_validate)
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -260,7 +260,7 @@ class RolloutService:
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e
         timings["grade"] = time.monotonic() - t
-        findings = list(session.findings)
+        findings = [*session.findings, *g.findings]
         if g.dropped_files:
             findings.append(f"grading ignored the agent's edits to protected files: {g.dropped_files}")
         await self._phase(rec, "done", notify)

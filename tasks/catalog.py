@@ -1,11 +1,12 @@
-"""Task catalog: the bundled demo tasks (loaders for SWE-Gym / SWE-bench rows come later)."""
+"""Task catalog: named splits of validated tasks. `bundled` ships with the package; more come from loaders."""
 
 from __future__ import annotations
 
-import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
+from swe_gym_env.tasks.loaders import LoadReport, load_tasks
 from swe_gym_env.tasks.models import Task
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
@@ -17,28 +18,45 @@ class TaskNotFound(LookupError):
 
 @lru_cache(maxsize=1)
 def bundled_tasks() -> tuple[Task, ...]:
-    tasks = []
-    for n, line in enumerate((BUNDLED_DIR / "tasks.jsonl").read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if row.get("repo_source"):
-            row["repo_source"] = str(BUNDLED_DIR / row["repo_source"])
-        try:
-            tasks.append(Task.model_validate(row))
-        except ValueError as e:  # a bundled row must be valid: say which one is not
-            raise ValueError(f"bundled tasks.jsonl line {n}: {e}") from e
-    return tuple(tasks)
+    report = load_tasks(str(BUNDLED_DIR / "tasks.jsonl"), kind="swe-gym")
+    if report.skipped:  # a bundled row must be valid: say which one is not
+        raise ValueError("bundled tasks.jsonl: " + "; ".join(report.skipped))
+    # Bundled repos run in the local sandbox with the host's Python: no conda, no image.
+    return tuple(
+        t.model_copy(update={"image": None, "env_activation": None, "dataset": "bundled"}) for t in report.tasks
+    )
 
 
-def splits() -> dict[str, tuple[Task, ...]]:
-    return {"bundled": bundled_tasks()}
+@lru_cache(maxsize=32)
+def dataset_split(source: str, split: str = "train") -> LoadReport:
+    return load_tasks(source, split)
+
+
+def extra_sources() -> dict[str, tuple[str, str]]:
+    """SWE_GYM_DATASETS="name=SOURCE[@split],…" registers more splits (local files or Hub ids)."""
+    out: dict[str, tuple[str, str]] = {}
+    for item in filter(None, (s.strip() for s in os.environ.get("SWE_GYM_DATASETS", "").split(","))):
+        name, _, spec = item.partition("=")
+        source, _, split = spec.partition("@")
+        out[name.strip()] = (source.strip(), split.strip() or "train")
+    return out
+
+
+def split_names() -> list[str]:
+    return ["bundled", *extra_sources()]
+
+
+def tasks_in(split: str) -> tuple[Task, ...]:
+    if split == "bundled":
+        return bundled_tasks()
+    sources = extra_sources()
+    if split not in sources:
+        raise TaskNotFound(f"unknown split {split!r}; known: {split_names()}")
+    return tuple(dataset_split(*sources[split]).tasks)
 
 
 def get_task(split: str = "bundled", index: int | None = None, instance_id: str | None = None) -> Task:
-    tasks = splits().get(split)
-    if tasks is None:
-        raise TaskNotFound(f"unknown split {split!r}; known: {sorted(splits())}")
+    tasks = tasks_in(split)
     if instance_id is not None:
         for t in tasks:
             if t.instance_id == instance_id:
@@ -52,8 +70,8 @@ def get_task(split: str = "bundled", index: int | None = None, instance_id: str 
 
 def find_by_problem_statement(text: str) -> Task | None:
     """The task whose problem statement appears in ``text`` (used by the built-in engine's oracle policy)."""
-    for tasks in splits().values():
-        for t in tasks:
+    for split in split_names():
+        for t in tasks_in(split):
             if t.problem_statement.strip() and t.problem_statement.strip() in text:
                 return t
     return None

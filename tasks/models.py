@@ -26,7 +26,12 @@ class Task(BaseModel):
     FAIL_TO_PASS: list[str]
     PASS_TO_PASS: list[str] = []
     repo_source: str | None = Field(None, description="Local git repo or bundle (absolute path) for `local`.")
-    workdir: str = "/testbed"
+    image: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", description="Container image.")
+    workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9_./-]{0,200}$")
+    env_activation: str | None = Field(None, max_length=500, description="Shell prefix that activates the env.")
+    test_cmd: str = Field("python -m pytest -rA -p no:cacheprovider", max_length=500)
+    log_parser: str = Field("parse_log_pytest", pattern=r"^[a-z0-9_]{1,64}$")
+    dataset: str = Field("bundled", max_length=200, description="Where the row came from.")
 
     @field_validator("instance_id")
     @classmethod
@@ -40,6 +45,13 @@ class Task(BaseModel):
     def _repo(cls, v: str) -> str:
         if not REPO_RE.match(v):
             raise ValueError("repo must look like OWNER/NAME")
+        return v
+
+    @field_validator("env_activation", "test_cmd")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        if v is not None and ("\n" in v or "\0" in v):
+            raise ValueError("must be a single line")
         return v
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
@@ -59,6 +71,10 @@ class Task(BaseModel):
         if not v:
             raise ValueError("FAIL_TO_PASS must not be empty")
         return v
+
+    def public_view(self) -> dict[str, Any]:
+        """What an agent, a client or the UI may see: never the gold patch or the test patch."""
+        return self.model_dump(exclude={"patch", "test_patch", "repo_source"})
 
     def test_files(self) -> list[str]:
         """Files the test patch touches (these are reset to base_commit before grading)."""

@@ -1,0 +1,62 @@
+"""`swe-gym-env validate`: every task's gold patch must score 1.0 and the empty patch 0.0."""
+
+from __future__ import annotations
+
+import time
+
+from swe_gym_env.server.grading import GradingError, grade
+from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
+from swe_gym_env.server.sandbox.registry import create_sandbox
+from swe_gym_env.tasks.catalog import bundled_tasks
+from swe_gym_env.tasks.loaders import DatasetError, load_tasks
+from swe_gym_env.tasks.models import Task
+
+
+async def check_task(task: Task, backend: str) -> tuple[str, str]:
+    """(verdict, detail): verdict is "ok" or "SURPRISE"."""
+    if backend == "local" and not task.repo_source:
+        return "SURPRISE", "no local repository source (this task needs an image-based sandbox)"
+    spec = SandboxSpec(repo_source=task.repo_source or "", base_commit=task.base_commit, workdir=task.workdir)
+    make = lambda: create_sandbox(backend, spec)  # noqa: E731
+    try:
+        gold = await grade(task, task.patch, make)
+        empty = await grade(task, "", make)
+    except (GradingError, SandboxError) as e:
+        return "SURPRISE", f"grading broke: {e}"
+    problems = []
+    if gold.reward != 1.0:
+        problems.append(
+            f"gold patch scored {gold.reward} ({gold.report.resolution}; failing F2P "
+            f"{gold.report.fail_to_pass['failure']}, P2P {gold.report.pass_to_pass['failure']})"
+        )
+    if empty.reward != 0.0:
+        problems.append(f"empty patch scored {empty.reward}")
+    if empty.report.pass_to_pass["failure"]:
+        problems.append(f"PASS_TO_PASS tests fail before any change: {empty.report.pass_to_pass['failure']}")
+    return ("SURPRISE", "; ".join(problems)) if problems else ("ok", "gold 1.0, empty 0.0")
+
+
+async def validate(dataset: str, split: str, backend: str, limit: int | None) -> int:
+    if dataset == "bundled":
+        tasks, skipped = list(bundled_tasks()), []
+    else:
+        try:
+            report = load_tasks(dataset, split, limit=limit)
+        except DatasetError as e:
+            print(f"error: {e}")
+            return 2
+        tasks, skipped = report.tasks, report.skipped
+        print(report.summary())
+        for s in skipped:
+            print(f"  skipped {s}")
+    tasks = tasks[:limit] if limit else tasks
+    surprises = 0
+    width = max((len(t.instance_id) for t in tasks), default=10)
+    print(f"{'task':<{width}}  verdict   seconds  detail")
+    for t in tasks:
+        t0 = time.monotonic()
+        verdict, detail = await check_task(t, backend)
+        surprises += verdict != "ok"
+        print(f"{t.instance_id:<{width}}  {verdict:<8}  {time.monotonic() - t0:7.1f}  {detail}", flush=True)
+    print(f"{len(tasks) - surprises} ok, {surprises} surprises, {len(skipped)} rows skipped")
+    return 1 if surprises or skipped or not tasks else 0

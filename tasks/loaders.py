@@ -1,0 +1,175 @@
+"""Loaders for SWE-Gym / SWE-Gym-Lite, SWE-bench (full / Lite / Verified) and SWE-rebench rows.
+
+A source is a local JSONL / JSON / parquet file or a Hugging Face Hub dataset id (read with `datasets`). Every row
+is normalised into the one `Task` model; a malformed row is skipped with a reason naming the row and the field,
+and the loader reports how many it skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from swe_gym_env.tasks.models import Task
+
+Kind = Literal["swe-gym", "swe-bench", "swe-rebench"]
+CONDA_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
+REBENCH_DEFAULT_TEST_CMD = "pytest --no-header -rA --tb=no -p no:cacheprovider"
+
+
+class DatasetError(RuntimeError):
+    """The source itself cannot be read (as opposed to one bad row)."""
+
+
+@dataclass
+class LoadReport:
+    source: str
+    kind: Kind
+    tasks: list[Task] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "row N (instance_id): field: reason"
+
+    def summary(self) -> str:
+        return f"{self.source}: {len(self.tasks)} tasks loaded ({self.kind}), {len(self.skipped)} rows skipped"
+
+
+def guess_kind(source: str, first_row: dict[str, Any] | None = None) -> Kind:
+    low = source.lower()
+    if "rebench" in low:
+        return "swe-rebench"
+    if "swe-gym" in low or "swe_gym" in low:
+        return "swe-gym"
+    if "swe-bench" in low or "swe_bench" in low:
+        return "swe-bench"
+    row = first_row or {}
+    if "docker_image" in row or "image_name" in row or "install_config" in row:
+        return "swe-rebench"
+    if "environment_setup_commit" in row or isinstance(row.get("FAIL_TO_PASS"), str):
+        return "swe-bench"
+    return "swe-gym"
+
+
+def swe_gym_image(instance_id: str) -> str:
+    return "xingyaoww/sweb.eval.x86_64." + instance_id.replace("__", "_s_").lower()
+
+
+def swe_bench_image(instance_id: str) -> str:
+    return "swebench/sweb.eval.x86_64." + instance_id.replace("__", "_1776_").lower()
+
+
+def _json_field(value: Any) -> Any:
+    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
+        return json.loads(value)
+    return value
+
+
+def normalise_row(row: dict[str, Any], kind: Kind, source: str) -> dict[str, Any]:
+    """Map one raw row of the given schema onto Task's fields (validation happens in Task)."""
+    iid = str(row.get("instance_id", ""))
+    out = {
+        k: row[k]
+        for k in (
+            "instance_id",
+            "repo",
+            "base_commit",
+            "problem_statement",
+            "patch",
+            "test_patch",
+            "FAIL_TO_PASS",
+            "PASS_TO_PASS",
+        )
+        if k in row
+    }
+    out["hints_text"] = row.get("hints_text") or ""
+    out["dataset"] = source
+    if row.get("repo_source"):
+        out["repo_source"] = row["repo_source"]
+    if kind == "swe-gym":
+        out["image"] = row.get("image") or swe_gym_image(iid)
+        out["env_activation"] = CONDA_ACTIVATE
+    elif kind == "swe-bench":
+        out["image"] = row.get("image") or swe_bench_image(iid)
+        out["env_activation"] = CONDA_ACTIVATE
+    else:
+        out["image"] = row.get("docker_image") or row.get("image_name") or row.get("image")
+        cfg = _json_field(row.get("install_config")) or {}
+        if not isinstance(cfg, dict):
+            raise ValueError("install_config: not an object")
+        out["test_cmd"] = cfg.get("test_cmd") or REBENCH_DEFAULT_TEST_CMD
+        if isinstance(out["test_cmd"], list):  # some rows give several commands; the last one runs the tests
+            out["test_cmd"] = out["test_cmd"][-1]
+        out["log_parser"] = cfg.get("log_parser") or "parse_log_pytest"
+    return out
+
+
+def _read_local(path: Path) -> Iterator[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open() as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except ValueError as e:
+                        yield {"__error__": f"line {n} is not JSON: {e}"}
+    elif suffix == ".json":
+        data = json.loads(path.read_text())
+        yield from (data if isinstance(data, list) else [data])
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(path).to_pylist()
+    else:
+        raise DatasetError(f"{path}: unsupported file type {suffix!r} (use .jsonl, .json or .parquet)")
+
+
+def _read_hub(dataset_id: str, split: str) -> Iterator[dict[str, Any]]:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise DatasetError(f"{dataset_id!r} is a Hub dataset id and HF_HUB_OFFLINE is set: use a local file")
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(dataset_id, split=split)
+    except Exception as e:  # datasets raises many types; the message is what matters
+        raise DatasetError(f"could not load {dataset_id!r} split {split!r}: {type(e).__name__}: {e}") from e
+    yield from ds
+
+
+def rows_of(source: str, split: str = "train") -> Iterator[dict[str, Any]]:
+    path = Path(source)
+    if path.exists():
+        return _read_local(path)
+    if source.count("/") != 1 or source.startswith((".", "/")):
+        raise DatasetError(f"{source!r} is neither an existing file nor a Hub dataset id (OWNER/NAME)")
+    return _read_hub(source, split)
+
+
+def load_tasks(source: str, split: str = "train", kind: Kind | None = None, limit: int | None = None) -> LoadReport:
+    rows: Iterable[dict[str, Any]] = rows_of(source, split)
+    report: LoadReport | None = None
+    base = Path(source).parent if Path(source).exists() else None
+    for n, row in enumerate(rows):
+        if report is None:
+            report = LoadReport(source=source, kind=kind or guess_kind(source, row))
+        if limit is not None and len(report.tasks) >= limit:
+            break
+        iid = row.get("instance_id", "?") if isinstance(row, dict) else "?"
+        if not isinstance(row, dict) or "__error__" in row:
+            report.skipped.append(f"row {n}: {row.get('__error__') if isinstance(row, dict) else 'not an object'}")
+            continue
+        try:
+            data = normalise_row(row, report.kind, source)
+            if base is not None and data.get("repo_source") and not os.path.isabs(data["repo_source"]):
+                data["repo_source"] = str(base / data["repo_source"])
+            report.tasks.append(Task.model_validate(data))
+        except ValidationError as e:
+            errs = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:3])
+            report.skipped.append(f"row {n} ({iid}): {errs}")
+        except (ValueError, TypeError) as e:
+            report.skipped.append(f"row {n} ({iid}): {e}")
+    return report or LoadReport(source=source, kind=kind or guess_kind(source))
