@@ -19,7 +19,12 @@ class RolloutRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    instance_id: str | None = Field(None, description="Task instance id; default: the first bundled task.")
+    rollout_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_-]{8,64}$",
+        description="Idempotency key: the same id returns the same rollout (attach if running, result if done).",
+    )
+    instance_id: str | None = Field(None, description="Task instance id; default: the first task of the split.")
     split: str = Field("bundled", description="Catalog split to pick the task from.")
     index: int | None = Field(None, ge=0, description="Task index within the split (instead of instance_id).")
     harness: Harness = "pi"
@@ -29,11 +34,6 @@ class RolloutRequest(BaseModel):
     max_tokens: int = Field(1024, ge=1, le=32768, description="Completion-token cap per model call.")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     deadline_s: float = Field(600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
-
-
-class TokenLogprob(BaseModel):
-    token_id: int
-    logprob: float
 
 
 class Turn(BaseModel):
@@ -74,3 +74,65 @@ class RolloutResult(BaseModel):
     wall_s: float = 0.0
     agent_exit_code: int | None = None
     findings: list[str] = []
+
+
+class RolloutSummary(BaseModel):
+    """A rollout in a listing: in flight or finished."""
+
+    rollout_id: str
+    instance_id: str | None
+    harness: str
+    sandbox: str
+    phase: Phase
+    state: Literal["queued", "running", "finished"]
+    ok: bool | None = None
+    reward: float | None = None
+    turns: int = 0
+    error: str | None = None
+    seconds_since_last_call: float | None = None
+
+    @classmethod
+    def of_result(cls, r: RolloutResult) -> RolloutSummary:
+        return cls(
+            rollout_id=r.rollout_id,
+            instance_id=r.instance_id,
+            harness=r.harness,
+            sandbox=r.sandbox,
+            phase=r.phase,
+            state="finished",
+            ok=r.ok,
+            reward=r.reward,
+            turns=len(r.turns),
+            error=r.error,
+        )
+
+
+class TaskView(BaseModel):
+    """What clients may see of a task: never the gold patch or the test patch."""
+
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    hints_text: str = ""
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str]
+    image: str | None = None
+    workdir: str
+    dataset: str
+
+
+class TaskPage(BaseModel):
+    split: str
+    total: int
+    offset: int
+    tasks: list[TaskView]
+
+
+class Capabilities(BaseModel):
+    version: str
+    harnesses: list[str]
+    sandboxes: list[str]
+    engines: list[str]
+    splits: list[str]
+    limits: dict[str, int]

@@ -48,6 +48,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if service.store is not None:
+            service.store.recover()
         sock_dir = Path(tempfile.mkdtemp(prefix="swe-gym-capture-"))
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
@@ -70,7 +72,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        in_flight = sum(1 for r in service.rollouts.values() if r.result is None)
+        in_flight = service.in_flight()
         return {"status": "healthy", "rollouts_in_flight": in_flight, "capture_sessions": capture.open_sessions()}
 
     app.mount("/capture", capture.app())

@@ -7,7 +7,7 @@ happened in and a specific error; sandboxes and capture sessions are closed on e
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import os
 import shlex
 import time
@@ -15,19 +15,22 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
-from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
 from swe_gym_env.server.grading import GradingError, grade
+from swe_gym_env.server.results import ResultsStore
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.tasks.models import Task
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult
+from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutSummary
 
 Notify = Callable[[str], Awaitable[None]]
 DIFF_LIMIT = 4 * 1024 * 1024
+KEEP_FINISHED = 256  # finished rollouts kept in memory; all of them are in the results store
 DIFF_EXCLUDES = "':(exclude)**/__pycache__/**' ':(exclude)*.pyc' ':(exclude).pytest_cache/**'"
 PROMPT = """You are working in a git repository at {workdir}. Resolve the issue below by editing the source code.
 Do not modify the tests. When you are done, reply with a short summary.
@@ -53,6 +56,8 @@ class ServerConfig:
     results_dir: Path | None = None
     context_window: int = 8192
     grading_timeout_s: float = 300.0
+    concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend
+    max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -74,43 +79,169 @@ class RolloutRecord:
     rollout_id: str
     request: RolloutRequest
     phase: Phase = "validate"
-    started_at: float = field(default_factory=time.time)
+    state: Literal["queued", "running", "finished"] = "queued"
     result: RolloutResult | None = None
+    task: asyncio.Task | None = None
+    session: CaptureSession | None = None
+    instance_id: str | None = None
+    listeners: list[asyncio.Queue[str]] = field(default_factory=list)
+
+    def emit(self, message: str) -> None:
+        for q in self.listeners:
+            q.put_nowait(message)
+
+    def set_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        self.emit(f"phase: {phase}")
+
+    def summary(self) -> RolloutSummary:
+        if self.result is not None:
+            return RolloutSummary.of_result(self.result)
+        last = self.session.last_call_at if self.session else None
+        return RolloutSummary(
+            rollout_id=self.rollout_id,
+            instance_id=self.instance_id,
+            harness=self.request.harness,
+            sandbox=self.request.sandbox,
+            phase=self.phase,
+            state=self.state,
+            turns=len(self.session.turns) if self.session else 0,
+            seconds_since_last_call=round(time.time() - last, 3) if last else None,
+        )
 
 
 class RolloutService:
     def __init__(self, config: ServerConfig, capture: CaptureProxy) -> None:
         self.config = config
         self.capture = capture
+        self.store = ResultsStore(config.results_dir) if config.results_dir else None
         self.rollouts: dict[str, RolloutRecord] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    # -- front door -------------------------------------------------------------------------------------------
+    def submit(self, req: RolloutRequest) -> RolloutRecord:
+        """Start a rollout (or find the one with this id) without waiting for it."""
+        rid = req.rollout_id or uuid.uuid4().hex[:16]
+        if (rec := self.rollouts.get(rid)) is not None:
+            return rec
+        rec = RolloutRecord(rollout_id=rid, request=req)
+        if self.store is not None and (done := self.store.get(rid)) is not None:
+            rec.result, rec.state, rec.phase = done, "finished", done.phase
+            return rec
+        self.rollouts[rid] = rec
+        limit = self.config.concurrency.get(req.sandbox, 8)
+        active = sum(1 for r in self.rollouts.values() if r.state != "finished" and r.request.sandbox == req.sandbox)
+        if active > limit + self.config.max_queue:
+            self._finish(
+                rec,
+                RolloutResult(
+                    rollout_id=rid,
+                    ok=False,
+                    phase="validate",
+                    harness=req.harness,
+                    sandbox=req.sandbox,
+                    error=f"capacity: {active - 1} rollouts already running or queued on {req.sandbox!r} "
+                    f"(limit {limit} running + {self.config.max_queue} queued); retry later",
+                ),
+            )
+            return rec
+        if self.store is not None:
+            self.store.mark_running(rid, req)
+        rec.task = asyncio.create_task(self._execute(rec), name=f"rollout-{rid}")
+        return rec
 
     async def run(self, req: RolloutRequest, notify: Notify | None = None) -> RolloutResult:
-        rec = RolloutRecord(rollout_id=uuid.uuid4().hex[:16], request=req)
-        self.rollouts[rec.rollout_id] = rec
-        t0 = time.monotonic()
-        timings: dict[str, float] = {}
-        state: dict = {"turns": [], "findings": []}
+        """Start (or attach to) a rollout and wait for its result; progress goes to ``notify``.
+
+        The rollout runs in its own task: a caller that goes away does not stop it, and its result stays
+        retrievable by id.
+        """
+        rec = self.submit(req)
+        if rec.task is None:
+            assert rec.result is not None
+            return rec.result
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        rec.listeners.append(queue)
+        pump = asyncio.create_task(self._pump(queue, notify)) if notify is not None else None
         try:
-            async with asyncio.timeout(req.deadline_s):
-                result = await self._run(rec, req, timings, state, notify)
+            return await asyncio.shield(rec.task)
+        finally:
+            rec.listeners.remove(queue)
+            if pump is not None:
+                pump.cancel()
+                while notify is not None and not queue.empty():
+                    with contextlib.suppress(Exception):
+                        await notify(queue.get_nowait())
+
+    @staticmethod
+    async def _pump(queue: asyncio.Queue[str], notify: Notify) -> None:
+        while True:
+            message = await queue.get()
+            with contextlib.suppress(Exception):  # a client that went away must not fail the rollout
+                await notify(message)
+
+    def cancel(self, rollout_id: str) -> bool:
+        rec = self.rollouts.get(rollout_id)
+        if rec is None or rec.task is None or rec.task.done():
+            return False
+        rec.task.cancel()
+        return True
+
+    def get(self, rollout_id: str) -> RolloutResult | RolloutSummary | None:
+        rec = self.rollouts.get(rollout_id)
+        if rec is not None:
+            return rec.result or rec.summary()
+        return self.store.get(rollout_id) if self.store is not None else None
+
+    def list(self, limit: int = 100) -> list[RolloutSummary]:
+        live = [r.summary() for r in self.rollouts.values() if r.state != "finished"]
+        done = (
+            self.store.summaries(limit)
+            if self.store is not None
+            else [r.summary() for r in self.rollouts.values() if r.state == "finished"]
+        )
+        return (live + done)[:limit]
+
+    def in_flight(self) -> int:
+        return sum(1 for r in self.rollouts.values() if r.state != "finished")
+
+    def _slot(self, backend: str) -> asyncio.Semaphore:
+        if backend not in self._slots:  # created on first use, inside the running loop
+            self._slots[backend] = asyncio.Semaphore(self.config.concurrency.get(backend, 8))
+        return self._slots[backend]
+
+    def _finish(self, rec: RolloutRecord, result: RolloutResult) -> None:
+        rec.result, rec.state, rec.phase = result, "finished", result.phase
+        if self.store is not None:
+            self.store.put(result)
+        finished = [r for r in self.rollouts.values() if r.state == "finished"]
+        for old in finished[: max(0, len(finished) - KEEP_FINISHED)]:  # the rest is on disk
+            if self.store is not None:
+                self.rollouts.pop(old.rollout_id, None)
+
+    async def _execute(self, rec: RolloutRecord) -> RolloutResult:
+        req = rec.request
+        state: dict = {"turns": [], "findings": []}
+        timings: dict[str, float] = {}
+        t0 = time.monotonic()
+        try:
+            async with self._slot(req.sandbox):
+                rec.state = "running"
+                t0 = time.monotonic()
+                async with asyncio.timeout(req.deadline_s):
+                    result = await self._run(rec, req, timings, state)
         except RolloutFailure as e:
             result = self._failed(rec, req, e.phase, e.message, state, e.stop_reason)
         except TimeoutError:
-            result = self._failed(
-                rec,
-                req,
-                rec.phase,
-                f"rollout deadline of {req.deadline_s:.0f}s exceeded during {rec.phase}",
-                state,
-                "deadline",
-            )
+            msg = f"rollout deadline of {req.deadline_s:.0f}s exceeded during {rec.phase}"
+            result = self._failed(rec, req, rec.phase, msg, state, "deadline")
+        except asyncio.CancelledError:
+            result = self._failed(rec, req, rec.phase, f"cancelled during {rec.phase}", state, "cancelled")
         except Exception as e:  # a failure is a result, never an exception into the caller
             result = self._failed(rec, req, rec.phase, f"internal error: {type(e).__name__}: {e}", state)
         result.timings = {k: round(v, 3) for k, v in timings.items()}
         result.wall_s = round(time.monotonic() - t0, 3)
-        rec.result = result
-        rec.phase = result.phase
-        self._persist(result)
+        self._finish(rec, result)
         return result
 
     def _failed(
@@ -138,54 +269,40 @@ class RolloutService:
             agent_exit_code=state.get("exit_code"),
         )
 
-    async def _phase(self, rec: RolloutRecord, phase: Phase, notify: Notify | None) -> None:
-        rec.phase = phase
-        if notify is not None:
-            await notify(f"phase: {phase}")
-
     async def _run(
-        self, rec: RolloutRecord, req: RolloutRequest, timings: dict[str, float], state: dict, notify: Notify | None
+        self, rec: RolloutRecord, req: RolloutRequest, timings: dict[str, float], state: dict
     ) -> RolloutResult:
-        await self._phase(rec, "task", notify)
+        rec.set_phase("task")
         try:
             task = get_task(req.split, req.index, req.instance_id)
         except TaskNotFound as e:
             raise RolloutFailure("task", str(e)) from e
-        state["instance_id"] = task.instance_id
+        state["instance_id"] = rec.instance_id = task.instance_id
         engine = self.config.engines.get(req.engine)
         if engine is None:
             raise RolloutFailure("validate", f"unknown engine {req.engine!r}; known: {sorted(self.config.engines)}")
         if req.sandbox == "local" and not task.repo_source:
             raise RolloutFailure("task", f"task {task.instance_id} has no local repository source")
 
-        await self._phase(rec, "install", notify)
+        rec.set_phase("install")
         try:
             harness = get_harness(req.harness)
             mounts = harness.mounts()
         except AgentError as e:
             raise RolloutFailure("install", str(e)) from e
 
-        await self._phase(rec, "session", notify)
+        rec.set_phase("session")
         session, key = self.capture.open_session(
             engine, max_calls=req.max_model_calls, max_tokens=req.max_tokens, temperature=req.temperature
         )
-        # Turn notifications are queued by the capture proxy (another request's context) and sent from this one.
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        pump: asyncio.Task | None = None
-        if notify is not None:
-            session.on_turn = lambda turn: queue.put_nowait(
-                f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
-                f"{len(turn.completion_token_ids)} completion tokens"
-            )
-
-            async def drain() -> None:
-                while True:
-                    await notify(await queue.get())
-
-            pump = asyncio.create_task(drain())
+        rec.session = session
+        session.on_turn = lambda turn: rec.emit(
+            f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
+            f"{len(turn.completion_token_ids)} completion tokens"
+        )
         sbx: Sandbox | None = None
         try:
-            await self._phase(rec, "boot", notify)
+            rec.set_phase("boot")
             t = time.monotonic()
             spec = SandboxSpec(
                 repo_source=task.repo_source or "",
@@ -210,7 +327,7 @@ class RolloutService:
                 raise RolloutFailure("boot", str(e)) from e
             timings["boot"] = time.monotonic() - t
 
-            await self._phase(rec, "agent", notify)
+            rec.set_phase("agent")
             t = time.monotonic()
             res = await sbx.exec(harness.command(cfg), timeout=req.deadline_s, relay=True)
             timings["agent"] = time.monotonic() - t
@@ -237,18 +354,14 @@ class RolloutService:
             if res.exit_code != 0 and not budget_hit:
                 raise RolloutFailure("agent", f"agent_crashed: exit code {res.exit_code}: {res.stderr[-500:]}")
 
-            await self._phase(rec, "diff", notify)
+            rec.set_phase("diff")
             state["patch"] = patch = await self._extract_diff(sbx, task)
         finally:
             if sbx is not None:
                 await sbx.close()
             self.capture.close_session(session)
-            if pump is not None:
-                while not queue.empty() and notify is not None:
-                    await notify(queue.get_nowait())
-                pump.cancel()
 
-        await self._phase(rec, "grade", notify)
+        rec.set_phase("grade")
         t = time.monotonic()
         grading_spec = SandboxSpec(
             repo_source=task.repo_source or "", base_commit=task.base_commit, workdir=task.workdir
@@ -263,7 +376,7 @@ class RolloutService:
         findings = [*session.findings, *g.findings]
         if g.dropped_files:
             findings.append(f"grading ignored the agent's edits to protected files: {g.dropped_files}")
-        await self._phase(rec, "done", notify)
+        rec.set_phase("done")
         return RolloutResult(
             rollout_id=rec.rollout_id,
             ok=True,
@@ -292,12 +405,3 @@ class RolloutService:
         if len(data) > DIFF_LIMIT:
             raise RolloutFailure("diff", f"the agent's diff is over {DIFF_LIMIT} bytes")
         return data.decode("utf-8", "replace")
-
-    def _persist(self, result: RolloutResult) -> None:
-        if self.config.results_dir is None:
-            return
-        self.config.results_dir.mkdir(parents=True, exist_ok=True)
-        path = self.config.results_dir / f"{result.rollout_id}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result.model_dump(mode="json")))
-        tmp.replace(path)

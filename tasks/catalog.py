@@ -8,6 +8,7 @@ from pathlib import Path
 
 from swe_gym_env.tasks.loaders import LoadReport, load_tasks
 from swe_gym_env.tasks.models import Task
+from swe_gym_env.wire import TaskPage
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 
@@ -66,6 +67,13 @@ def get_task(split: str = "bundled", index: int | None = None, instance_id: str 
     if not 0 <= i < len(tasks):
         raise TaskNotFound(f"index {i} out of range for split {split!r} ({len(tasks)} tasks)")
     return tasks[i]
+
+
+def task_page(split: str, offset: int = 0, limit: int = 50) -> TaskPage:
+    tasks = tasks_in(split)
+    return TaskPage(
+        split=split, total=len(tasks), offset=offset, tasks=[t.view() for t in tasks[offset : offset + limit]]
+    )
 
 
 def find_by_problem_statement(text: str) -> Task | None:

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from swe_gym_env.wire import TaskView
+
 REPO_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 TEST_ID_MAX = 2000
@@ -74,7 +76,10 @@ class Task(BaseModel):
 
     def public_view(self) -> dict[str, Any]:
         """What an agent, a client or the UI may see: never the gold patch or the test patch."""
-        return self.model_dump(exclude={"patch", "test_patch", "repo_source"})
+        return self.view().model_dump()
+
+    def view(self) -> TaskView:
+        return TaskView.model_validate(self.model_dump(include=set(TaskView.model_fields)))
 
     def test_files(self) -> list[str]:
         """Files the test patch touches (these are reset to base_commit before grading)."""

@@ -17,7 +17,8 @@ ROW = {
 
 
 def test_bundled_task_is_valid_and_complete():
-    (task,) = bundled_tasks()
+    task = bundled_tasks()[0]
+    assert len(bundled_tasks()) >= 5 and len({t.instance_id for t in bundled_tasks()}) == len(bundled_tasks())
     assert task.patch and task.test_patch and task.FAIL_TO_PASS and task.PASS_TO_PASS
     assert task.repo_source and task.repo_source.endswith(".bundle")
     assert task.test_files() == ["tests/test_chunks.py"]
