@@ -107,6 +107,19 @@ class RolloutSummary(BaseModel):
         )
 
 
+class RolloutStatus(BaseModel):
+    """`get_rollout`: the live summary, plus the full result once finished."""
+
+    rollout_id: str
+    state: Literal["queued", "running", "finished"]
+    summary: RolloutSummary
+    result: RolloutResult | None = None
+
+
+class RolloutList(BaseModel):
+    rollouts: list[RolloutSummary]
+
+
 class TaskView(BaseModel):
     """What clients may see of a task: never the gold patch or the test patch."""
 

@@ -13,7 +13,15 @@ from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task, split_names, task_page
-from swe_gym_env.wire import Capabilities, RolloutRequest, RolloutResult, RolloutSummary, TaskPage, TaskView
+from swe_gym_env.wire import (
+    Capabilities,
+    RolloutList,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    TaskPage,
+    TaskView,
+)
 
 RESERVED_TOOL_NAMES = {"reset", "step", "state", "close"}  # OpenEnv's own verbs
 
@@ -78,16 +86,16 @@ def build_mcp(service: RolloutService) -> FastMCP:
         """One task by index or instance id (never its gold or test patch)."""
         return get_task(split, index, instance_id).view()
 
-    async def get_rollout(rollout_id: str) -> RolloutResult | RolloutSummary:
-        """A finished rollout's full result, or the live summary of one still running."""
+    async def get_rollout(rollout_id: str) -> RolloutStatus:
+        """A rollout's state and live summary; `result` holds the full result once it is finished."""
         found = service.get(rollout_id)
         if found is None:
             raise TaskNotFound(f"no rollout {rollout_id!r}")
         return found
 
-    async def list_rollouts(limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> list[RolloutSummary]:
+    async def list_rollouts(limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> RolloutList:
         """Rollouts in flight on this server, then the most recent finished ones."""
-        return service.list(limit)
+        return RolloutList(rollouts=service.list(limit))
 
     async def cancel_rollout(rollout_id: str) -> bool:
         """Cancel a running rollout; its result comes back with ok=false and stop_reason `cancelled`."""

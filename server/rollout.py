@@ -23,10 +23,10 @@ from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarge
 from swe_gym_env.server.grading import GradingError, grade
 from swe_gym_env.server.results import ResultsStore
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
-from swe_gym_env.server.sandbox.registry import create_sandbox
+from swe_gym_env.server.sandbox.registry import create_sandbox, reap_orphans
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.tasks.models import Task
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutSummary
+from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus, RolloutSummary
 
 Notify = Callable[[str], Awaitable[None]]
 DIFF_LIMIT = 4 * 1024 * 1024
@@ -69,7 +69,12 @@ class ServerConfig:
             served_model=os.environ.get("SWE_GYM_ENGINE_MODEL", "smollm2-135m-instruct"),
             api_key=os.environ.get("SWE_GYM_ENGINE_API_KEY") or None,
         )
-        return cls(engines={"default": engine}, results_dir=cache_dir() / "results")
+        data = os.environ.get("SWE_GYM_DATA_DIR")
+        return cls(
+            engines={"default": engine},
+            results_dir=Path(data) / "results" if data else cache_dir() / "results",
+            concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
+        )
 
 
 @dataclass
@@ -180,6 +185,12 @@ class RolloutService:
             with contextlib.suppress(Exception):  # a client that went away must not fail the rollout
                 await notify(message)
 
+    def recover(self) -> None:
+        """At startup: fail the rollouts a dead server left running and remove their sandboxes."""
+        if self.store is not None:
+            self.store.recover()
+        reap_orphans()
+
     def cancel(self, rollout_id: str) -> bool:
         rec = self.rollouts.get(rollout_id)
         if rec is None or rec.task is None or rec.task.done():
@@ -187,11 +198,16 @@ class RolloutService:
         rec.task.cancel()
         return True
 
-    def get(self, rollout_id: str) -> RolloutResult | RolloutSummary | None:
+    def get(self, rollout_id: str) -> RolloutStatus | None:
         rec = self.rollouts.get(rollout_id)
-        if rec is not None:
-            return rec.result or rec.summary()
-        return self.store.get(rollout_id) if self.store is not None else None
+        result = rec.result if rec is not None else self.store.get(rollout_id) if self.store is not None else None
+        if result is not None:
+            return RolloutStatus(
+                rollout_id=rollout_id, state="finished", summary=RolloutSummary.of_result(result), result=result
+            )
+        if rec is None:
+            return None
+        return RolloutStatus(rollout_id=rollout_id, state=rec.state, summary=rec.summary())
 
     def list(self, limit: int = 100) -> list[RolloutSummary]:
         live = [r.summary() for r in self.rollouts.values() if r.state != "finished"]
@@ -296,6 +312,7 @@ class RolloutService:
             engine, max_calls=req.max_model_calls, max_tokens=req.max_tokens, temperature=req.temperature
         )
         rec.session = session
+        state["turns"], state["findings"] = session.turns, session.findings  # kept on every failure path
         session.on_turn = lambda turn: rec.emit(
             f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
             f"{len(turn.completion_token_ids)} completion tokens"
@@ -332,10 +349,8 @@ class RolloutService:
             res = await sbx.exec(harness.command(cfg), timeout=req.deadline_s, relay=True)
             timings["agent"] = time.monotonic() - t
             state["exit_code"] = res.exit_code
-            state["turns"] = session.turns
             events = (await sbx.read_file(harness.events_path)).decode("utf-8", "replace")
             outcome = harness.parse_events(events)
-            state["findings"] = session.findings
             budget_hit = session.stop_reason == "budget_exhausted"
             if session.errors:
                 raise RolloutFailure("agent", "capture: " + "; ".join(session.errors[:3]))

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import httpx
 
+from swe_gym_env.cli import _wait_healthy, free_port
 from swe_gym_env.server.assets import tokenizer_file
 from swe_gym_env.server.engine.app import Engine, create_engine_app
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import make_policy
 
 MODEL = "smollm2-135m-instruct"
+ME = [sys.executable, "-m", "swe_gym_env.cli"]
 
 PI_TOOLS = [
     {
@@ -54,3 +59,45 @@ def sse_events(text: str) -> list:
                 data = line[6:]
                 out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+class Stack:
+    """Built-in engine + server as real processes on free loopback ports."""
+
+    def __init__(self, policy: str, engine_up: bool = True, env: dict[str, str] | None = None) -> None:
+        self.engine_port, self.server_port = free_port(), free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.env = {**os.environ, **(env or {})}
+        if engine_up:
+            self._start(
+                [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
+            )
+        self.start_server()
+
+    def start_server(self) -> None:
+        self.server = self._start(
+            [*ME, "serve", "--port", str(self.server_port), "--engine-url", self.engine_url("/v1")],
+            f"http://127.0.0.1:{self.server_port}/health",
+        )
+
+    def engine_url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.engine_port}{path}"
+
+    @property
+    def mcp_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}/mcp"
+
+    def _start(self, argv, health):
+        p = subprocess.Popen(argv, env=self.env)
+        self.procs.append(p)
+        _wait_healthy(health, p)
+        return p
+
+    def health(self) -> dict:
+        return httpx.get(f"http://127.0.0.1:{self.server_port}/health").json()
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)

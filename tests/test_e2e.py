@@ -4,51 +4,16 @@ real bubblewrap, real swebench grading."""
 import glob
 import json
 import subprocess
-import sys
 import tempfile
 
 import httpx
 import pytest
 
-from swe_gym_env.cli import _wait_healthy, free_port
 from swe_gym_env.client.mcp_client import SweGymClient
 
+from helpers import ME, Stack
+
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
-ME = [sys.executable, "-m", "swe_gym_env.cli"]
-
-
-class Stack:
-    def __init__(self, policy: str, engine_up: bool = True) -> None:
-        self.engine_port, self.server_port = free_port(), free_port()
-        self.procs: list[subprocess.Popen] = []
-        if engine_up:
-            self._start(
-                [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
-            )
-        self._start(
-            [*ME, "serve", "--port", str(self.server_port), "--engine-url", self.engine_url("/v1")],
-            f"http://127.0.0.1:{self.server_port}/health",
-        )
-
-    def engine_url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.engine_port}{path}"
-
-    @property
-    def mcp_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_port}/mcp"
-
-    def _start(self, argv, health):
-        p = subprocess.Popen(argv)
-        self.procs.append(p)
-        _wait_healthy(health, p)
-
-    def health(self) -> dict:
-        return httpx.get(f"http://127.0.0.1:{self.server_port}/health").json()
-
-    def stop(self):
-        for p in self.procs:
-            p.terminate()
-            p.wait(10)
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,20 @@ ETC_FILES = [
     "ca-certificates",
     "mime.types",
 ]
+DIR_PREFIX = "swe-gym-sbx-"
+
+
+def _reap_orphans() -> list[str]:
+    """Remove sandbox dirs left by server processes that no longer exist (e.g. killed mid-rollout)."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
+        pid = path.name[len(DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
 
 
@@ -57,13 +71,15 @@ class LocalSandbox:
         self._procs: set[asyncio.subprocess.Process] = set()
         self._closed = False
 
+    reap_orphans = staticmethod(_reap_orphans)
+
     @classmethod
     async def create(cls, spec: SandboxSpec) -> LocalSandbox:
         bwrap_path()
         runtime = task_runtime_dir()
         if not (runtime / "bin" / "python").exists():
             raise SandboxError(f"task runtime missing at {runtime}: run `swe-gym-env setup`")
-        root = Path(tempfile.mkdtemp(prefix="swe-gym-sbx-"))
+        root = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         sbx = cls(spec, root)
         try:
             for d in ("testbed", "home", "tmp"):
