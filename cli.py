@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -131,6 +132,75 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return asyncio.run(validate(args.dataset, args.split, args.sandbox, args.limit))
 
 
+def _apply_engine_args(args: argparse.Namespace) -> None:
+    if getattr(args, "engine_url", None):
+        os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
+    if getattr(args, "engine_model", None):
+        os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from swe_gym_env.server.rollout import ServerConfig
+    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.wire import RolloutRequest
+
+    _apply_engine_args(args)
+    config = ServerConfig.from_env()
+    config.concurrency = {args.sandbox: args.concurrency}
+    req = dict(
+        harness=args.harness,
+        sandbox=args.sandbox,
+        split=args.split,
+        max_model_calls=args.max_model_calls,
+        max_tokens=args.max_tokens,
+        deadline_s=args.deadline,
+    )
+    if args.instance_id:
+        req["instance_id"] = args.instance_id
+    out = open(args.out, "w") if args.out else sys.stdout
+
+    async def go() -> int:
+        ok = 0
+        async with local_service(config) as service:
+            with Progress(transient=True, console=Console(stderr=True)) as bar:
+                job = bar.add_task("rollouts", total=args.n)
+
+                async def one(i: int):
+                    index = None if args.instance_id else (args.index if args.index is not None else i)
+                    r = await service.run(RolloutRequest(**req, index=index))
+                    bar.advance(job)
+                    return r
+
+                for r in await asyncio.gather(*[one(i) for i in range(args.n)]):
+                    ok += r.ok
+                    out.write(r.model_dump_json() + "\n")
+        print(f"{ok}/{args.n} rollouts ok", file=sys.stderr)
+        return 0 if ok == args.n else 1
+
+    try:
+        return asyncio.run(go())
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.export import export_results
+
+    return export_results(args.out, args.to_hub, args.only_ok)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.info import gather_info
+
+    _apply_engine_args(args)
+    print(json.dumps(asyncio.run(gather_info(os.environ.get("SWE_GYM_ENGINE_URL"))), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -160,6 +230,29 @@ def main(argv: list[str] | None = None) -> int:
     va.add_argument("--sandbox", default="local")
     va.add_argument("--limit", type=int, default=None)
     va.set_defaults(func=cmd_validate)
+    r = sub.add_parser("rollout", help="run N rollouts in this process (no server), one JSON result per line")
+    r.add_argument("-n", type=int, default=1)
+    r.add_argument("--split", default="bundled")
+    r.add_argument("--index", type=int, help="task index (default: task i for rollout i)")
+    r.add_argument("--instance-id")
+    r.add_argument("--harness", default="pi")
+    r.add_argument("--sandbox", default="local")
+    r.add_argument("--concurrency", type=int, default=4)
+    r.add_argument("--max-model-calls", type=int, default=30)
+    r.add_argument("--max-tokens", type=int, default=1024)
+    r.add_argument("--deadline", type=float, default=600.0)
+    r.add_argument("--engine-url")
+    r.add_argument("--engine-model")
+    r.add_argument("--out", help="write JSONL here instead of stdout")
+    r.set_defaults(func=cmd_rollout)
+    x = sub.add_parser("export", help="write stored rollout results as JSONL (and optionally to a Hub dataset)")
+    x.add_argument("--out", required=True)
+    x.add_argument("--to-hub", metavar="REPO", help="also upload to this Hub dataset repo (token: $HF_TOKEN)")
+    x.add_argument("--only-ok", action="store_true", help="skip rollouts with ok=false")
+    x.set_defaults(func=cmd_export)
+    i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
+    i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")
+    i.set_defaults(func=cmd_info)
     args = p.parse_args(argv)
     return args.func(args)
 

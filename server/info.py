@@ -1,0 +1,40 @@
+"""`swe-gym-env info`: what this machine can run (read-only)."""
+
+from __future__ import annotations
+
+import shutil
+
+from swe_gym_env.server.agents.registry import HARNESSES
+from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
+from swe_gym_env.server.certify import certify
+from swe_gym_env.server.sandbox.registry import BACKENDS
+from swe_gym_env.tasks.catalog import split_names, tasks_in
+
+
+async def gather_info(engine_url: str | None) -> dict:
+    agents = {}
+    for name, cls in HARNESSES.items():
+        h = cls()
+        agents[name] = {"version": h.version, "installed": h.cli_js(h.install_dir()).is_file()}
+    sandboxes = {name: {"available": True} for name in BACKENDS}
+    if "local" in sandboxes:
+        sandboxes["local"] = {
+            "available": bool(shutil.which("bwrap")) and (task_runtime_dir() / ".ready").is_file(),
+            "bwrap": shutil.which("bwrap"),
+            "task_runtime": str(task_runtime_dir()),
+        }
+    datasets = {}
+    for split in split_names():
+        try:
+            datasets[split] = {"tasks": len(tasks_in(split))}
+        except Exception as e:  # a broken extra source must not hide the others
+            datasets[split] = {"error": f"{type(e).__name__}: {e}"}
+    out = {
+        "agents": agents,
+        "sandboxes": sandboxes,
+        "datasets": datasets,
+        "tokenizer": (tokenizer_dir() / "tokenizer.json").is_file(),
+    }
+    if engine_url:
+        out["engine"] = (await certify(engine_url)).model_dump()
+    return out

@@ -1,0 +1,111 @@
+"""The CLI as a user runs it: info, rollout (no server), export, validate."""
+
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+
+from swe_gym_env.cli import _wait_healthy, free_port
+from swe_gym_env.server import export as export_mod
+
+from helpers import ME
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    port = free_port()
+    p = subprocess.Popen([*ME, "engine", "--port", str(port)])
+    _wait_healthy(f"http://127.0.0.1:{port}/health", p)
+    yield f"http://127.0.0.1:{port}/v1"
+    p.terminate()
+    p.wait(10)
+
+
+def run(*args, env=None, timeout=600):
+    import os
+
+    return subprocess.run(
+        [*ME, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.mark.usefixtures("need_tokenizer")
+def test_info_certifies_the_builtin_engine_honestly(engine):
+    out = run("info", "--llm-url", engine)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    cert = info["engine"]
+    assert cert["reachable"] and cert["level"] == "tokens" and cert["logprobs_mode"] == "placeholder"
+    assert info["datasets"]["bundled"]["tasks"] >= 5 and "pi" in info["agents"]
+
+
+def test_info_reports_an_unreachable_engine():
+    out = run("info", "--llm-url", "http://127.0.0.1:9/v1")
+    assert json.loads(out.stdout)["engine"]["level"] == "unreachable"
+
+
+@pytest.mark.usefixtures("need_pi")
+def test_rollout_without_a_server_then_export(engine, tmp_path):
+    env = {"SWE_GYM_DATA_DIR": str(tmp_path)}
+    out = run("rollout", "-n", "3", "--engine-url", engine, "--concurrency", "3", env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["ok"] for r in results] == [True, True, True] and all(r["reward"] == 1.0 for r in results)
+    assert len({r["instance_id"] for r in results}) == 3
+    exported = tmp_path / "all.jsonl"
+    out = run("export", "--out", str(exported), env=env)
+    assert out.returncode == 0 and "exported 3 rollouts" in out.stdout
+    rows = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert sorted(r["rollout_id"] for r in rows) == sorted(r["rollout_id"] for r in results)
+    assert all(t["prompt_token_ids"] and t["logprobs"] for r in rows for t in r["turns"])
+
+
+@pytest.mark.usefixtures("need_sandbox")
+def test_validate_passes_on_the_bundled_tasks():
+    out = run("validate")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert " 0 surprises" in out.stdout and out.stdout.count(" ok ") >= 5
+
+
+class FakeHfApi:
+    """Stands in for the Hub (unreachable here); records what would be sent."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.token = token
+
+    def create_repo(self, **kw):
+        self.calls.append(("create_repo", kw))
+
+    def upload_file(self, **kw):
+        self.calls.append(("upload_file", kw))
+        return "commit-url"
+
+
+def test_export_to_hub_sends_a_dataset_upload(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
+    f = tmp_path / "rows.jsonl"
+    f.write_text("{}\n")
+    export_mod.upload_to_hub(f, "me/rollouts")
+    (_, create), (_, upload) = FakeHfApi.calls
+    assert create == {"repo_id": "me/rollouts", "repo_type": "dataset", "exist_ok": True}
+    assert upload["repo_type"] == "dataset" and upload["path_in_repo"] == "data/rows.jsonl"
+    # Contract with the real client: every keyword we send exists on huggingface_hub.HfApi.
+    from huggingface_hub.hf_api import HfApi
+
+    for method, kw in FakeHfApi.calls:
+        params = inspect.signature(getattr(HfApi, method)).parameters
+        assert set(kw) <= set(params), (method, set(kw) - set(params))
+
+
+def test_cli_help_lists_every_command():
+    out = subprocess.run([sys.executable, "-m", "swe_gym_env.cli", "--help"], capture_output=True, text=True)
+    for cmd in ("setup", "engine", "serve", "demo", "rollout", "export", "info", "validate"):
+        assert cmd in out.stdout
