@@ -149,3 +149,15 @@ class Capabilities(BaseModel):
     engines: list[str]
     splits: list[str]
     limits: dict[str, int]
+
+
+class TrainingRow(BaseModel):
+    """One training sequence: a chain of turns where each prompt extends the previous prompt + completion."""
+
+    rollout_id: str
+    instance_id: str | None
+    reward: float
+    input_ids: list[int]
+    loss_mask: list[int] = Field(description="1 on sampled tokens, 0 on prompt / tool-result tokens.")
+    logprobs: list[float] = Field(description="The engine's logprob per input token (0.0 where loss_mask is 0).")
+    turn_indices: list[int]

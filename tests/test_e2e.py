@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from swe_gym_env.client.mcp_client import SweGymClient
+from swe_gym_env.client.trainer import training_rows
 
 from helpers import ME, Stack
 
@@ -23,12 +24,13 @@ def oracle_stack():
     s.stop()
 
 
-def sandbox_dirs() -> set[str]:
-    return set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-*"))
+def sandbox_dirs(server_pid: int) -> set[str]:
+    """Sandbox dirs of one server process (other servers may run on this machine at the same time)."""
+    return set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-{server_pid}-*"))
 
 
 async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_stack):
-    before = sandbox_dirs()
+    before = sandbox_dirs(oracle_stack.server.pid)
     progress: list[str] = []
 
     async def on_progress(p, total, message):
@@ -52,8 +54,13 @@ async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_sta
     assert "phase: agent" in progress and "phase: done" in progress
     assert any(m.startswith("model call 2:") for m in progress)
     assert result.timings["boot"] >= 0 and result.timings["agent"] > 0 and result.timings["grade"] > 0
-    assert sandbox_dirs() == before
+    assert sandbox_dirs(oracle_stack.server.pid) == before == set()
     assert oracle_stack.health()["capture_sessions"] == 0
+    # Pi re-sends history that re-tokenises to exactly what was sampled: one sequence, no drift.
+    (row,) = training_rows(result)
+    assert row.turn_indices == [t.index for t in result.turns] and sum(row.loss_mask) == sum(
+        len(t.completion_token_ids) for t in result.turns
+    )
 
 
 async def test_invalid_arguments_come_back_as_a_failed_result(oracle_stack):

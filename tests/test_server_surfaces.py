@@ -107,8 +107,8 @@ async def test_disconnected_client_fetches_the_result_by_id_and_reruns_are_idemp
 
 
 async def test_cancel_rollout_stops_it_and_leaks_nothing(tmp_path):
-    before = set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-*"))
     s = Stack(slow_script(tmp_path), env={"SWE_GYM_DATA_DIR": str(tmp_path / "data")})
+    mine = f"{tempfile.gettempdir()}/swe-gym-sbx-{s.server.pid}-*"
     try:
         async with SweGymClient(s.mcp_url) as c:
             call = asyncio.create_task(c.run_rollout(rollout_id="to-be-cancelled"))
@@ -123,14 +123,14 @@ async def test_cancel_rollout_stops_it_and_leaks_nothing(tmp_path):
         assert not result.ok and result.stop_reason == "cancelled" and result.reward is None
         assert result.phase == "agent" and len(result.turns) == 1
         assert s.health()["capture_sessions"] == 0 and s.health()["rollouts_in_flight"] == 0
+        assert glob.glob(mine) == []
     finally:
         s.stop()
-    assert set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-*")) == before
 
 
 async def test_server_killed_mid_rollout_marks_it_failed_after_restart(tmp_path):
-    before = set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-*"))
     s = Stack(slow_script(tmp_path), env={"SWE_GYM_DATA_DIR": str(tmp_path / "data")})
+    killed = f"{tempfile.gettempdir()}/swe-gym-sbx-{s.server.pid}-*"
     try:
         async with SweGymClient(s.mcp_url) as c:
             call = asyncio.create_task(c.run_rollout(rollout_id="killed-mid-run"))
@@ -139,6 +139,7 @@ async def test_server_killed_mid_rollout_marks_it_failed_after_restart(tmp_path)
                     break
                 await asyncio.sleep(0.1)
             await asyncio.sleep(2)
+            assert glob.glob(killed), "the rollout's sandbox should exist before the kill"
             s.server.kill()
             s.server.wait()
             call.cancel()
@@ -148,7 +149,7 @@ async def test_server_killed_mid_rollout_marks_it_failed_after_restart(tmp_path)
     finally:
         s.stop()
     assert got["ok"] is False and "server stopped" in got["error"] and got["reward"] is None
-    assert set(glob.glob(f"{tempfile.gettempdir()}/swe-gym-sbx-*")) == before  # the orphan was reaped
+    assert glob.glob(killed) == []  # the dead server's sandbox was reaped at restart
 
 
 async def test_32_concurrent_rollouts_each_with_its_own_turns(tmp_path):

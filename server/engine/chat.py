@@ -1,7 +1,8 @@
 """Render chat requests with our ChatML+tools template and tokenise them with SmolLM2's real tokenizer.
 
-Rendering follows what vLLM does before it applies a template: tool-call `arguments` strings are decoded into
-objects (vLLM re-serialises them), tools are passed as plain dicts, and Jinja runs with transformers' settings
+Rendering follows what vLLM does before it applies a template (checked against a real vLLM in
+tests/test_vllm_real.py): tool-call `arguments` strings are decoded into objects (vLLM re-serialises them), tools
+are rebuilt in vLLM's key order, and Jinja runs with transformers' settings
 (trim_blocks, lstrip_blocks, a `tojson` that keeps non-ASCII characters).
 """
 
@@ -35,16 +36,30 @@ def _decode_arguments(messages: list[dict]) -> list[dict]:
 
 
 def _decode_call(call: dict) -> dict:
+    """Tool-call arguments as vLLM hands them to the template: a JSON object, `{}` when empty or not one."""
     fn = call.get("function") or {}
     args = fn.get("arguments")
     if isinstance(args, str):
         try:
-            decoded = json.loads(args)
+            args = json.loads(args) if args else {}
         except ValueError:
-            return call
-        if isinstance(decoded, dict):
-            return {**call, "function": {**fn, "arguments": decoded}}
-    return call
+            args = {}
+    return {**call, "function": {**fn, "arguments": args if isinstance(args, dict) else {}}}
+
+
+def normalize_tool(tool: dict) -> dict:
+    """A tool as vLLM rebuilds it before rendering: fixed key order, missing fields null, unknown keys dropped."""
+    fn = tool.get("function") or {}
+    out_fn = {"name": fn.get("name"), "description": fn.get("description"), "parameters": fn.get("parameters")}
+    if fn.get("strict") is not None:
+        out_fn["strict"] = fn["strict"]
+    defer = fn.get("defer_loading") if fn.get("defer_loading") is not None else tool.get("defer_loading")
+    if defer is not None:
+        out_fn["defer_loading"] = defer
+    out = {"type": "function", "function": out_fn}
+    if tool.get("defer_loading") is not None:
+        out["defer_loading"] = tool["defer_loading"]
+    return out
 
 
 class ChatRenderer:
@@ -68,7 +83,9 @@ class ChatRenderer:
 
     def render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True) -> str:
         return self.template.render(
-            messages=_decode_arguments(messages), tools=tools or None, add_generation_prompt=add_generation_prompt
+            messages=_decode_arguments(messages),
+            tools=[normalize_tool(t) for t in tools] if tools else None,
+            add_generation_prompt=add_generation_prompt,
         )
 
     def encode(self, text: str) -> list[int]:

