@@ -1,6 +1,7 @@
 """End to end, nothing mocked: built-in engine and server as processes, real MCP client over HTTP, real Pi in
 real bubblewrap, real swebench grading."""
 
+import base64
 import glob
 import json
 import subprocess
@@ -133,3 +134,29 @@ async def test_scripted_agent_cannot_game_the_reward(tmp_path, steps, reward):
     assert result.reward == reward and len(result.turns) == len(steps) + 1
     assert "tests/conftest.py" in result.model_patch and "reward.txt" in result.model_patch
     assert any("protected files" in f and "tests/conftest.py" in f for f in result.findings)
+
+
+BOOT = (
+    "import os\n"
+    "print('PASSED tests/test_chunks.py::test_chunked_keeps_partial_tail')\n"
+    "print('PASSED tests/test_chunks.py::test_chunk_count_rounds_up')\n"
+    "os._exit(0)\n"
+)
+FORGE = (
+    f"echo {base64.b64encode(BOOT.encode()).decode()} | base64 -d > batchtools/_boot.py && "
+    "sed -i '1a import batchtools._boot  # noqa' batchtools/__init__.py"
+)
+
+
+async def test_code_that_forges_passed_lines_gets_no_reward_and_a_clear_error(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([bash(FORGE), {"content": "done"}]))
+    s = Stack(f"script:{script}")
+    try:
+        async with SweGymClient(s.mcp_url) as c:
+            result = await c.run_rollout(harness="pi")
+    finally:
+        s.stop()
+    assert "PASSED tests/test_chunks.py::test_chunked_keeps_partial_tail" in result.model_patch
+    assert not result.ok and result.phase == "grade" and result.reward is None
+    assert "JUnit" in result.error
