@@ -20,6 +20,7 @@ from starlette.routing import Mount
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
+from swe_gym_env.server.openenv_compat import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 
 
@@ -48,8 +49,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if service.store is not None:
-            service.store.recover()
+        service.recover()
         sock_dir = Path(tempfile.mkdtemp(prefix="swe-gym-capture-"))
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
@@ -75,6 +75,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         in_flight = service.in_flight()
         return {"status": "healthy", "rollouts_in_flight": in_flight, "capture_sessions": capture.open_sessions()}
 
+    install_openenv_routes(app, mcp, service)
     app.mount("/capture", capture.app())
-    app.mount("/", mcp_app)
+    app.mount("/", wrap_mcp_app(app, mcp_app))
     return app

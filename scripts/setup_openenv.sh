@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# OpenEnv's own client beside the app, for tests/test_openenv_compat.py's round trip through OpenEnv's classes.
+# Idempotent.
+#
+# `.openenv-venv/` at the repo root: its own virtual environment with openenv==0.10.* (its `openenv.core`
+# MCPToolClient / GenericEnvClient, which need httpx and websockets). openenv 0.10 pins fastmcp<4 (so mcp<2): it
+# must never share the app's .venv (fastmcp 4). The app itself never imports openenv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.openenv-venv
+OPENENV_SPEC="openenv==0.10.*"
+MARKER="$VENV/.ready-openenv-0.10"
+
+# This machine's pip.conf may name local index folders that hold only some packages: drop pip's per-package
+# "Location ... is ignored" warnings, keep everything else.
+quiet_pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+
+if [ ! -f "$MARKER" ]; then
+  start=$(date +%s)
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  # The venv lives inside the work tree: keep git (and anything that copies untracked files) away from it.
+  echo '*' > "$VENV/.gitignore"
+  quiet_pip install -q "$OPENENV_SPEC" httpx websockets
+  "$VENV/bin/python" - <<'EOF'
+from importlib.metadata import version
+
+from openenv.core.generic_client import GenericEnvClient  # noqa: F401
+from openenv.core.mcp_client import MCPToolClient  # noqa: F401
+
+print("openenv", version("openenv"), "fastmcp", version("fastmcp"), "websockets", version("websockets"))
+EOF
+  touch "$MARKER"
+  echo "openenv venv ready in $(( $(date +%s) - start )) s: $VENV"
+fi

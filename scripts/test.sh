@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Fresh-machine test run (README command 2, and what .ci/run calls): everything the suites need, then pytest.
+# - scripts/setup.sh: system packages, the app's locked .venv, tokenizer, sandbox runtime, Pi
+# - scripts/setup_vllm.sh: a real vLLM (CPU) in .vllm-venv + SmolLM2-135M weights, for tests/test_vllm_real.py
+# - scripts/setup_openenv.sh: OpenEnv's own client in .openenv-venv, for tests/test_openenv_compat.py
+# Extra arguments go to pytest (e.g. -m "not integration").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/setup_vllm.sh
+bash scripts/setup_openenv.sh
+exec .venv/bin/python -m pytest "$@"
