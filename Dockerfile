@@ -18,9 +18,9 @@ ENV HOME=/home/user PATH=/home/user/app/.venv/bin:$PATH SWE_GYM_ENV_HOME=/home/u
 WORKDIR /home/user/app
 
 COPY --chown=user pyproject.toml uv.lock README.md ./
-RUN pip install --user -q uv==0.13.9 && python -m uv sync --frozen --no-dev --extra model --no-install-project
+RUN pip install --user -q uv==0.13.9 && python -m uv sync --frozen --no-dev --extra server --extra model --no-install-project
 COPY --chown=user . .
-RUN python -m uv sync --frozen --no-dev --extra model && .venv/bin/swe-gym-env setup
+RUN python -m uv sync --frozen --no-dev --extra server --extra model && .venv/bin/swe-gym-env setup
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s CMD curl -fsS http://127.0.0.1:8000/health || exit 1

@@ -73,7 +73,12 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/health")
     async def health() -> dict:
         in_flight = service.in_flight()
-        return {"status": "healthy", "rollouts_in_flight": in_flight, "capture_sessions": capture.open_sessions()}
+        return {
+            "status": "healthy",
+            "rollouts_in_flight": in_flight,
+            "capture_sessions": capture.open_sessions(),
+            "openenv_sessions": len(app.state.openenv.sessions),
+        }
 
     install_openenv_routes(app, mcp, service)
     app.mount("/capture", capture.app())

@@ -1,0 +1,215 @@
+"""Typed websocket client for a swe_gym_env server: OpenEnv's `/ws` protocol plus a `request_id` per message.
+
+- Every request carries a fresh `request_id` and its reply is matched by it, so a call that timed out can never
+  hand its late reply to the next call, and one client is safe to share between many concurrent tasks.
+- Per-call timeouts with a long default for rollouts; `run_rollout` gives every rollout an id first, so a caller
+  whose wait timed out (or whose connection dropped) can fetch the result later with `get_rollout`.
+- `max_size` bounds incoming frames (rollout results can be large; default 512 MiB).
+- `SweGymWSClient` is async; `SyncSweGymWSClient` runs one in a private event-loop thread, and its `close()`
+  really closes the socket and stops the thread.
+
+Imports nothing from the server: only `swe_gym_env.wire`, `websockets` and `httpx`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import httpx
+import websockets
+
+from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TaskPage, TaskView
+
+T = TypeVar("T")
+ENV_NAME = "swe_gym_env"
+
+
+class ServerError(RuntimeError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class SweGymWSClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 60.0,
+        rollout_timeout_s: float = 4 * 3600.0,
+        max_size: int = 512 * 1024 * 1024,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.ws_url = "ws" + self.base_url.removeprefix("http") + "/ws"
+        self.timeout_s = timeout_s
+        self.rollout_timeout_s = rollout_timeout_s
+        self.max_size = max_size
+        self._ws: Any = None
+        self._reader: asyncio.Task | None = None
+        self._pending: dict[str, asyncio.Future] = {}
+
+    async def __aenter__(self) -> SweGymWSClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        if self._ws is None:
+            self._ws = await websockets.connect(self.ws_url, max_size=self.max_size, open_timeout=self.timeout_s)
+            self._reader = asyncio.create_task(self._read())
+
+    async def close(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.send(json.dumps({"type": "close"}))
+            await ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+        self._fail_pending(ConnectionError("client closed"))
+
+    def _fail_pending(self, exc: Exception) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self._ws:
+                try:
+                    msg = json.loads(raw)
+                except ValueError:
+                    continue
+                fut = self._pending.get(msg.get("request_id")) if isinstance(msg, dict) else None
+                if fut is not None and not fut.done():  # replies to abandoned requests are dropped
+                    fut.set_result(msg)
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self._fail_pending(ConnectionError("connection to the server closed"))
+
+    async def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        if self._ws is None:
+            await self.connect()
+        rid = uuid.uuid4().hex
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            await self._ws.send(json.dumps({**message, "request_id": rid}))
+            reply = await asyncio.wait_for(fut, timeout_s or self.timeout_s)
+        finally:
+            self._pending.pop(rid, None)
+        if reply.get("type") == "error":
+            data = reply.get("data") or {}
+            raise ServerError(str(data.get("code")), str(data.get("message")))
+        return reply
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> Any:
+        reply = await self.request(
+            {"type": "step", "data": {"type": "call_tool", "tool_name": name, "arguments": arguments or {}}}, timeout_s
+        )
+        obs = (reply.get("data") or {}).get("observation") or {}
+        if obs.get("error"):
+            raise ServerError(obs["error"].get("error_type", "tool_error"), obs["error"].get("message", ""))
+        result = obs.get("result") or {}
+        return result.get("structured_content") or result.get("data")
+
+    async def list_tools(self) -> list[str]:
+        reply = await self.request({"type": "step", "data": {"type": "list_tools"}})
+        return [t["name"] for t in ((reply.get("data") or {}).get("observation") or {}).get("tools", [])]
+
+    async def run_rollout(
+        self, request: RolloutRequest | None = None, *, timeout_s: float | None = None, **fields: Any
+    ) -> RolloutResult:
+        req = request or RolloutRequest(**fields)
+        if req.rollout_id is None:  # an id first, so the result can be fetched again whatever happens to this call
+            req = req.model_copy(update={"rollout_id": uuid.uuid4().hex})
+        try:
+            data = await self.call_tool(
+                "run_rollout", req.model_dump(exclude_none=True), timeout_s or self.rollout_timeout_s
+            )
+        except (TimeoutError, ConnectionError, ServerError) as e:
+            return RolloutResult(
+                rollout_id=req.rollout_id or "",
+                ok=False,
+                phase="validate",
+                harness=req.harness,
+                sandbox=req.sandbox,
+                error=f"{type(e).__name__}: {e}; the rollout may still be running: get_rollout({req.rollout_id!r})",
+            )
+        return RolloutResult.model_validate(data)
+
+    async def get_rollout(self, rollout_id: str) -> RolloutStatus:
+        return RolloutStatus.model_validate(await self.call_tool("get_rollout", {"rollout_id": rollout_id}))
+
+    async def list_tasks(self, split: str = "bundled", offset: int = 0, limit: int = 50) -> TaskPage:
+        return TaskPage.model_validate(
+            await self.call_tool("list_tasks", {"split": split, "offset": offset, "limit": limit})
+        )
+
+    # Task API (plain HTTP, OpenEnv's routes) ------------------------------------------------------------------
+    async def splits(self) -> list[dict]:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            r = await http.get(f"{self.base_url}/{ENV_NAME}/splits")
+            r.raise_for_status()
+            return r.json()
+
+    async def task(self, split: str, index: int) -> TaskView:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            r = await http.post(f"{self.base_url}/{ENV_NAME}/task", json={"split": split, "index": index})
+            r.raise_for_status()
+            return TaskView.model_validate(r.json()["task"])
+
+
+class SyncSweGymWSClient:
+    """The async client driven from synchronous code (a private event loop in a daemon thread)."""
+
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="swe-gym-ws-client", daemon=True)
+        self._thread.start()
+        self._client = SweGymWSClient(base_url, **kwargs)
+        self._run(self._client.connect())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> SyncSweGymWSClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def run_rollout(self, request: RolloutRequest | None = None, **fields: Any) -> RolloutResult:
+        return self._run(self._client.run_rollout(request, **fields))
+
+    def get_rollout(self, rollout_id: str) -> RolloutStatus:
+        return self._run(self._client.get_rollout(rollout_id))
+
+    def list_tasks(self, split: str = "bundled", offset: int = 0, limit: int = 50) -> TaskPage:
+        return self._run(self._client.list_tasks(split, offset, limit))
+
+    def list_tools(self) -> list[str]:
+        return self._run(self._client.list_tools())
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
