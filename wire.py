@@ -27,6 +27,9 @@ class RolloutRequest(BaseModel):
     instance_id: str | None = Field(None, description="Task instance id; default: the first task of the split.")
     split: str = Field("bundled", description="Catalog split to pick the task from.")
     index: int | None = Field(None, ge=0, description="Task index within the split (instead of instance_id).")
+    purpose: Literal["eval", "train"] = Field(
+        "eval", description="`train` refuses engines that do not return token ids with processed logprobs."
+    )
     harness: Harness = "pi"
     sandbox: SandboxBackend = "local"
     engine: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Server-side engine name.")
@@ -73,6 +76,9 @@ class RolloutResult(BaseModel):
     timings: dict[str, float] = {}
     wall_s: float = 0.0
     agent_exit_code: int | None = None
+    agent_log_tail: str = ""
+    capture_level: str | None = Field(None, description="tokens | logprobs | text, from engine certification.")
+    logprobs_mode: str | None = Field(None, description="processed | raw | placeholder | unknown.")
     findings: list[str] = []
 
 

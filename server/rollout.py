@@ -20,6 +20,7 @@ from typing import Literal
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
+from swe_gym_env.server.certify import Certificate, certify
 from swe_gym_env.server.grading import GradingError, grade
 from swe_gym_env.server.results import ResultsStore
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
@@ -122,6 +123,7 @@ class RolloutService:
         self.store = ResultsStore(config.results_dir) if config.results_dir else None
         self.rollouts: dict[str, RolloutRecord] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
+        self._certs: dict[str, Certificate] = {}
 
     # -- front door -------------------------------------------------------------------------------------------
     def submit(self, req: RolloutRequest) -> RolloutRecord:
@@ -283,6 +285,9 @@ class RolloutService:
             findings=state["findings"],
             model_patch=state.get("patch"),
             agent_exit_code=state.get("exit_code"),
+            agent_log_tail=state.get("log_tail", ""),
+            capture_level=state["cert"].level if state.get("cert") else None,
+            logprobs_mode=state["cert"].logprobs_mode if state.get("cert") else None,
         )
 
     async def _run(
@@ -299,6 +304,17 @@ class RolloutService:
             raise RolloutFailure("validate", f"unknown engine {req.engine!r}; known: {sorted(self.config.engines)}")
         if req.sandbox == "local" and not task.repo_source:
             raise RolloutFailure("task", f"task {task.instance_id} has no local repository source")
+        cert = await self._certificate(req.engine, engine)
+        state["cert"] = cert
+        if not cert.reachable:
+            raise RolloutFailure("validate", f"engine unreachable: {cert.detail}")
+        if req.purpose == "train" and (cert.level != "tokens" or cert.logprobs_mode != "processed"):
+            why = cert.detail or f"capture level {cert.level}, logprobs {cert.logprobs_mode}"
+            raise RolloutFailure(
+                "validate",
+                f"purpose=train needs an engine that returns token ids with processed "
+                f"logprobs; {req.engine!r} does not ({why}); use purpose=eval",
+            )
 
         rec.set_phase("install")
         try:
@@ -349,6 +365,7 @@ class RolloutService:
             res = await sbx.exec(harness.command(cfg), timeout=req.deadline_s, relay=True)
             timings["agent"] = time.monotonic() - t
             state["exit_code"] = res.exit_code
+            state["log_tail"] = await self._log_tail(sbx, harness.log_path)
             events = (await sbx.read_file(harness.events_path)).decode("utf-8", "replace")
             outcome = harness.parse_events(events)
             budget_hit = session.stop_reason == "budget_exhausted"
@@ -404,8 +421,27 @@ class RolloutService:
             model_patch=patch,
             grading=g.report,
             agent_exit_code=res.exit_code,
+            agent_log_tail=state.get("log_tail", ""),
+            capture_level=state["cert"].level,
+            logprobs_mode=state["cert"].logprobs_mode,
             findings=findings,
         )
+
+    async def _certificate(self, name: str, engine: EngineTarget) -> Certificate:
+        """Certify each engine once (cached while it stays reachable)."""
+        cert = self._certs.get(name)
+        if cert is None:
+            cert = await certify(engine.base_url, engine.api_key, timeout_s=30.0)
+            if cert.reachable:
+                self._certs[name] = cert
+        return cert
+
+    @staticmethod
+    async def _log_tail(sbx: Sandbox, path: str, limit: int = 4000) -> str:
+        try:
+            return (await sbx.read_file(path)).decode("utf-8", "replace")[-limit:]
+        except (OSError, SandboxError):
+            return ""
 
     async def _extract_diff(self, sbx: Sandbox, task: Task) -> str:
         base = task.base_commit

@@ -43,6 +43,7 @@ async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_sta
     assert result.ok, result.error
     assert result.reward == 1.0 and result.grading.resolution == "RESOLVED_FULL"
     assert len(result.turns) >= 2 and result.stop_reason == "agent_done"
+    assert result.capture_level == "tokens" and result.logprobs_mode == "placeholder"
     assert "-(-len(items) // size)" in result.model_patch
     async with httpx.AsyncClient() as http:
         for turn in result.turns:
@@ -69,6 +70,8 @@ async def test_invalid_arguments_come_back_as_a_failed_result(oracle_stack):
         result = await c.run_rollout(harness="pi", instance_id="no-such-task")
         assert not result.ok and result.phase == "task" and result.reward is None
         assert "no-such-task" in result.error
+        train = await c.run_rollout(harness="pi", purpose="train")
+        assert not train.ok and train.phase == "validate" and "placeholder logprobs" in train.error
 
 
 async def test_noop_agent_is_graded_zero_not_failed():
@@ -90,7 +93,7 @@ async def test_dead_engine_fails_in_the_agent_phase_without_a_reward():
         assert s.health()["capture_sessions"] == 0
     finally:
         s.stop()
-    assert not result.ok and result.phase == "agent" and result.reward is None
+    assert not result.ok and result.phase == "validate" and result.reward is None
     assert "engine unreachable" in result.error
     assert result.turns == []
 

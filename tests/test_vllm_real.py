@@ -439,3 +439,11 @@ async def test_recorded_shapes_match_live_vllm(vllm_url, name):
         return
     fixture = load_fixture(name)
     assert shape_levels(rec) == shape_levels(fixture), f"vLLM's {name} response shape changed: re-record the fixtures"
+
+
+async def test_certification_says_tokens_with_processed_logprobs(vllm_url):
+    from swe_gym_env.server.certify import certify
+
+    cert = await certify(f"{vllm_url}/v1" if not vllm_url.endswith("/v1") else vllm_url)
+    assert cert.reachable and cert.level == "tokens", cert
+    assert cert.logprobs_mode == "processed", cert.detail

@@ -47,6 +47,7 @@ class Harness(Protocol):
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]: ...
 
     events_path: str
+    log_path: str
 
     def command(self, cfg: AgentConfig) -> str: ...
 

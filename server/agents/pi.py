@@ -97,6 +97,7 @@ class PiHarness:
         )
 
     events_path = EVENTS
+    log_path = f"{AGENT_HOME}/pi-stderr.txt"
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
