@@ -82,6 +82,22 @@ class RolloutResult(BaseModel):
     findings: list[str] = []
 
 
+def failed_result(
+    req: RolloutRequest, error: str, phase: Phase = "validate", rollout_id: str | None = None, **fields
+) -> RolloutResult:
+    """A failed result for a request (reward None): client side, or before or during the pipeline."""
+    fields.setdefault("instance_id", req.instance_id)
+    return RolloutResult(
+        rollout_id=rollout_id or req.rollout_id or "",
+        ok=False,
+        error=error,
+        phase=phase,
+        harness=req.harness,
+        sandbox=req.sandbox,
+        **fields,
+    )
+
+
 class RolloutSummary(BaseModel):
     """A rollout in a listing: in flight or finished."""
 

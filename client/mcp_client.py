@@ -7,7 +7,7 @@ from typing import Any
 
 from fastmcp import Client
 
-from swe_gym_env.wire import RolloutRequest, RolloutResult
+from swe_gym_env.wire import RolloutRequest, RolloutResult, failed_result
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -43,13 +43,6 @@ class SweGymClient:
         )
         if res.is_error or res.structured_content is None:
             text = " ".join(getattr(c, "text", "") for c in res.content)
-            return RolloutResult(
-                rollout_id="",
-                ok=False,
-                error=f"run_rollout failed on the server: {text[:1000]}",
-                phase="validate",
-                harness=req.harness,
-                sandbox=req.sandbox,
-            )
+            return failed_result(req, f"run_rollout failed on the server: {text[:1000]}")
         data = res.structured_content
         return RolloutResult.model_validate(data.get("result", data) if "rollout_id" not in data else data)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import websockets
 
-from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TaskPage, TaskView
+from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TaskPage, TaskView, failed_result
 
 T = TypeVar("T")
 ENV_NAME = "swe_gym_env"
@@ -143,13 +143,8 @@ class SweGymWSClient:
                 "run_rollout", req.model_dump(exclude_none=True), timeout_s or self.rollout_timeout_s
             )
         except (TimeoutError, ConnectionError, ServerError) as e:
-            return RolloutResult(
-                rollout_id=req.rollout_id or "",
-                ok=False,
-                phase="validate",
-                harness=req.harness,
-                sandbox=req.sandbox,
-                error=f"{type(e).__name__}: {e}; the rollout may still be running: get_rollout({req.rollout_id!r})",
+            return failed_result(
+                req, f"{type(e).__name__}: {e}; the rollout may still be running: get_rollout({req.rollout_id!r})"
             )
         return RolloutResult.model_validate(data)
 

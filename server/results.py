@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutSummary
+from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutSummary, failed_result
 
 
 class ResultsStore:
@@ -60,17 +60,7 @@ class ResultsStore:
                 path.unlink(missing_ok=True)
                 continue
             if self.get(rid) is None:
-                self.put(
-                    RolloutResult(
-                        rollout_id=rid,
-                        ok=False,
-                        phase="validate",
-                        harness=req.harness,
-                        sandbox=req.sandbox,
-                        instance_id=req.instance_id,
-                        error="the server stopped before this rollout finished",
-                    )
-                )
+                self.put(failed_result(req, "the server stopped before this rollout finished", rollout_id=rid))
                 recovered.append(rid)
             path.unlink(missing_ok=True)
         return recovered

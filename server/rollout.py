@@ -27,7 +27,7 @@ from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox, reap_orphans
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.tasks.models import Task
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus, RolloutSummary
+from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus, RolloutSummary, failed_result
 
 Notify = Callable[[str], Awaitable[None]]
 DIFF_LIMIT = 4 * 1024 * 1024
@@ -141,14 +141,11 @@ class RolloutService:
         if active > limit + self.config.max_queue:
             self._finish(
                 rec,
-                RolloutResult(
-                    rollout_id=rid,
-                    ok=False,
-                    phase="validate",
-                    harness=req.harness,
-                    sandbox=req.sandbox,
-                    error=f"capacity: {active - 1} rollouts already running or queued on {req.sandbox!r} "
+                failed_result(
+                    req,
+                    f"capacity: {active - 1} rollouts already running or queued on {req.sandbox!r} "
                     f"(limit {limit} running + {self.config.max_queue} queued); retry later",
+                    rollout_id=rid,
                 ),
             )
             return rec
@@ -271,15 +268,11 @@ class RolloutService:
         state: dict,
         stop_reason: str | None = None,
     ) -> RolloutResult:
-        return RolloutResult(
+        return failed_result(
+            req,
+            error,
+            phase,
             rollout_id=rec.rollout_id,
-            ok=False,
-            error=error,
-            phase=phase,
-            reward=None,
-            instance_id=state.get("instance_id"),
-            harness=req.harness,
-            sandbox=req.sandbox,
             stop_reason=stop_reason,
             turns=state["turns"],
             findings=state["findings"],
@@ -288,6 +281,7 @@ class RolloutService:
             agent_log_tail=state.get("log_tail", ""),
             capture_level=state["cert"].level if state.get("cert") else None,
             logprobs_mode=state["cert"].logprobs_mode if state.get("cert") else None,
+            instance_id=state.get("instance_id") or req.instance_id,
         )
 
     async def _run(

@@ -9,8 +9,10 @@ def imported_after(stmt: str) -> set[str]:
 
 
 def test_client_never_imports_the_server():
-    mods = imported_after("import swe_gym_env.client")
-    assert "swe_gym_env.client.mcp_client" in mods
+    mods = imported_after(
+        "import swe_gym_env.client.mcp_client, swe_gym_env.client.ws_client, swe_gym_env.client.trainer"
+    )
+    assert {"swe_gym_env.client.mcp_client", "swe_gym_env.client.ws_client", "swe_gym_env.client.trainer"} <= mods
     assert not any(m.startswith("swe_gym_env.server") for m in mods), mods
 
 
