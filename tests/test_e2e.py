@@ -117,6 +117,18 @@ def bash(cmd: str) -> dict:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": f"cd /testbed && {cmd}"}}]}
 
 
+async def scripted_rollout(tmp_path, steps: list[dict]):
+    """One rollout with the built-in engine replaying ``steps`` (then "done") through the real Pi."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([*steps, {"content": "done"}]))
+    s = Stack(f"script:{script}")
+    try:
+        async with SweGymClient(s.mcp_url) as c:
+            return await c.run_rollout(harness="pi")
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize(
     "steps,reward",
     [
@@ -125,14 +137,7 @@ def bash(cmd: str) -> dict:
     ],
 )
 async def test_scripted_agent_cannot_game_the_reward(tmp_path, steps, reward):
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([*steps, {"content": "done"}]))
-    s = Stack(f"script:{script}")
-    try:
-        async with SweGymClient(s.mcp_url) as c:
-            result = await c.run_rollout(harness="pi")
-    finally:
-        s.stop()
+    result = await scripted_rollout(tmp_path, steps)
     assert result.ok, result.error
     assert result.reward == reward and len(result.turns) == len(steps) + 1
     assert "tests/conftest.py" in result.model_patch and "reward.txt" in result.model_patch
@@ -152,14 +157,7 @@ FORGE = (
 
 
 async def test_code_that_forges_passed_lines_gets_no_reward_and_a_clear_error(tmp_path):
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([bash(FORGE), {"content": "done"}]))
-    s = Stack(f"script:{script}")
-    try:
-        async with SweGymClient(s.mcp_url) as c:
-            result = await c.run_rollout(harness="pi")
-    finally:
-        s.stop()
+    result = await scripted_rollout(tmp_path, [bash(FORGE)])
     assert "PASSED tests/test_chunks.py::test_chunked_keeps_partial_tail" in result.model_patch
     assert not result.ok and result.phase == "grade" and result.reward is None
     assert "JUnit" in result.error
