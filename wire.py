@@ -77,6 +77,13 @@ class RolloutResult(BaseModel):
     wall_s: float = 0.0
     agent_exit_code: int | None = None
     agent_log_tail: str = ""
+    sequences: list[list[int]] = Field(
+        [], description="Turn indices per training sequence (each prompt extends the previous turn exactly)."
+    )
+    cross_check: Literal["match", "mismatch", "none"] | None = Field(
+        None, description="The agent's own event stream vs the capture, call by call; none: the agent left no trace."
+    )
+    cross_check_detail: str = ""
     capture_level: str | None = Field(None, description="tokens | logprobs | text, from engine certification.")
     logprobs_mode: str | None = Field(None, description="processed | raw | placeholder | unknown.")
     findings: list[str] = []

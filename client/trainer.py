@@ -1,9 +1,7 @@
 """Trainer adapters: rollout results → training rows, using the captured ids and logprobs exactly as they are.
 
-Turns are chained into one sequence while each prompt starts with the previous turn's prompt + completion
-(exact token prefix); where an agent's re-sent history re-tokenises differently, a new sequence starts instead of
-splicing tokens that were never sampled together. Rollouts that are not `ok` (or have no reward) yield no rows:
-an unscorable rollout is excluded, never scored 0.
+Turns are chained into sequences by `swe_gym_env.sequences.chain_turns` (exact token prefixes only). Rollouts
+that are not `ok` (or have no reward) yield no rows: an unscorable rollout is excluded, never scored 0.
 """
 
 from __future__ import annotations
@@ -11,40 +9,35 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from swe_gym_env.sequences import chain_turns
 from swe_gym_env.wire import RolloutResult, TrainingRow
 
 
 def training_rows(result: RolloutResult) -> list[TrainingRow]:
     if not result.ok or result.reward is None:
         return []
-    chains: list[dict] = []
-    for turn in result.turns:
-        prompt, completion = turn.prompt_token_ids, turn.completion_token_ids
-        parent = max(
-            (c for c in chains if len(c["ids"]) <= len(prompt) and prompt[: len(c["ids"])] == c["ids"]),
-            key=lambda c: len(c["ids"]),
-            default=None,
+    rows = []
+    for chain in chain_turns(result.turns):
+        ids: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
+        for turn in chain:
+            new_prompt = turn.prompt_token_ids[len(ids) :]
+            ids += [*new_prompt, *turn.completion_token_ids]
+            mask += [0] * len(new_prompt) + [1] * len(turn.completion_token_ids)
+            lps += [0.0] * len(new_prompt) + list(turn.logprobs)
+        rows.append(
+            TrainingRow(
+                rollout_id=result.rollout_id,
+                instance_id=result.instance_id,
+                reward=result.reward,
+                input_ids=ids,
+                loss_mask=mask,
+                logprobs=lps,
+                turn_indices=[t.index for t in chain],
+            )
         )
-        if parent is None:
-            parent = {"ids": [], "mask": [], "lps": [], "turns": []}
-            chains.append(parent)
-        new_prompt = prompt[len(parent["ids"]) :]
-        parent["ids"] += [*new_prompt, *completion]
-        parent["mask"] += [0] * len(new_prompt) + [1] * len(completion)
-        parent["lps"] += [0.0] * len(new_prompt) + list(turn.logprobs)
-        parent["turns"].append(turn.index)
-    return [
-        TrainingRow(
-            rollout_id=result.rollout_id,
-            instance_id=result.instance_id,
-            reward=result.reward,
-            input_ids=c["ids"],
-            loss_mask=c["mask"],
-            logprobs=c["lps"],
-            turn_indices=c["turns"],
-        )
-        for c in chains
-    ]
+    return rows
 
 
 def group_advantages(results: Iterable[RolloutResult]) -> dict[str, float]:

@@ -49,6 +49,7 @@ class CaptureSession:
     findings: list[str] = field(default_factory=list)
     calls: int = 0
     stop_reason: str | None = None
+    budget_replies: int = 0  # final "budget exhausted" replies: seen by the agent, not turns
     closed: bool = False
     last_call_at: float | None = None
     on_turn: Callable[[Turn], None] | None = None
@@ -142,6 +143,7 @@ class CaptureProxy:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         if session.calls >= session.max_calls:
             session.stop_reason = "budget_exhausted"
+            session.budget_replies += 1
             msg = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
             return self._reply(body.get("model"), msg, "stop", None, stream, include_usage)
         session.calls += 1

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from swe_gym_env.server.agents.base import AgentConfig, AgentError
+from swe_gym_env.sequences import chain_turns
+from swe_gym_env.server.agents.base import AgentConfig, AgentError, cross_check
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
 from swe_gym_env.server.certify import Certificate, certify
@@ -278,10 +279,10 @@ class RolloutService:
             findings=state["findings"],
             model_patch=state.get("patch"),
             agent_exit_code=state.get("exit_code"),
-            agent_log_tail=state.get("log_tail", ""),
             capture_level=state["cert"].level if state.get("cert") else None,
             logprobs_mode=state["cert"].logprobs_mode if state.get("cert") else None,
             instance_id=state.get("instance_id") or req.instance_id,
+            **self._trace_fields(state),
         )
 
     async def _run(
@@ -363,6 +364,7 @@ class RolloutService:
             events = (await sbx.read_file(harness.events_path)).decode("utf-8", "replace")
             outcome = harness.parse_events(events)
             budget_hit = session.stop_reason == "budget_exhausted"
+            state["cross_check"] = cross_check(outcome, session.turns, session.budget_replies)
             if session.errors:
                 raise RolloutFailure("agent", "capture: " + "; ".join(session.errors[:3]))
             if res.timed_out:
@@ -379,6 +381,8 @@ class RolloutService:
                 raise RolloutFailure("agent", f"{outcome.error_kind}: {outcome.error}")
             if res.exit_code != 0 and not budget_hit:
                 raise RolloutFailure("agent", f"agent_crashed: exit code {res.exit_code}: {res.stderr[-500:]}")
+            if state["cross_check"][0] == "mismatch":  # the capture does not say what the agent did: unusable
+                raise RolloutFailure("agent", f"cross-check mismatch: {state['cross_check'][1]}")
 
             rec.set_phase("diff")
             state["patch"] = patch = await self._extract_diff(sbx, task)
@@ -415,11 +419,21 @@ class RolloutService:
             model_patch=patch,
             grading=g.report,
             agent_exit_code=res.exit_code,
-            agent_log_tail=state.get("log_tail", ""),
+            **self._trace_fields(state),
             capture_level=state["cert"].level,
             logprobs_mode=state["cert"].logprobs_mode,
             findings=findings,
         )
+
+    @staticmethod
+    def _trace_fields(state: dict) -> dict:
+        verdict, detail = state.get("cross_check", (None, ""))
+        return {
+            "agent_log_tail": state.get("log_tail", ""),
+            "sequences": [[t.index for t in chain] for chain in chain_turns(state["turns"])],
+            "cross_check": verdict,
+            "cross_check_detail": detail,
+        }
 
     async def _certificate(self, name: str, engine: EngineTarget) -> Certificate:
         """Certify each engine once (cached while it stays reachable)."""

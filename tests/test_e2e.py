@@ -44,6 +44,7 @@ async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_sta
     assert result.reward == 1.0 and result.grading.resolution == "RESOLVED_FULL"
     assert len(result.turns) >= 2 and result.stop_reason == "agent_done"
     assert result.capture_level == "tokens" and result.logprobs_mode == "placeholder"
+    assert result.cross_check == "match" and result.sequences == [[t.index for t in result.turns]]
     assert "-(-len(items) // size)" in result.model_patch
     async with httpx.AsyncClient() as http:
         for turn in result.turns:
@@ -117,16 +118,23 @@ def bash(cmd: str) -> dict:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": f"cd /testbed && {cmd}"}}]}
 
 
-async def scripted_rollout(tmp_path, steps: list[dict]):
+async def scripted_rollout(tmp_path, steps: list[dict], **fields):
     """One rollout with the built-in engine replaying ``steps`` (then "done") through the real Pi."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([*steps, {"content": "done"}]))
     s = Stack(f"script:{script}")
     try:
         async with SweGymClient(s.mcp_url) as c:
-            return await c.run_rollout(harness="pi")
+            return await c.run_rollout(harness="pi", **fields)
     finally:
         s.stop()
+
+
+async def test_an_agent_stopped_by_the_call_budget_is_graded_and_ok(tmp_path):
+    result = await scripted_rollout(tmp_path, [bash(f"echo step {i}") for i in range(20)], max_model_calls=3)
+    assert result.ok, result.error
+    assert result.stop_reason == "budget_exhausted" and len(result.turns) == 3 and result.reward == 0.0
+    assert result.cross_check == "match", result.cross_check_detail
 
 
 @pytest.mark.parametrize(

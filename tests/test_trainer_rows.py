@@ -54,3 +54,16 @@ def test_unscorable_rollouts_yield_no_rows_and_no_advantage():
         ]
     )
     assert adv == {"a": 0.5, "b": -0.5, "d": 0.0}
+
+
+def test_cross_check_verdicts():
+    from swe_gym_env.server.agents.base import AgentOutcome, cross_check
+
+    turns = [turn(0, [1], [2, 3]), turn(1, [1, 2, 3, 4], [5])]
+    assert cross_check(AgentOutcome(model_calls=2, completion_tokens=[2, 1]), turns, 0)[0] == "match"
+    assert cross_check(AgentOutcome(model_calls=3, completion_tokens=[2, 1, 5]), turns, 1)[0] == "match"
+    verdict, detail = cross_check(AgentOutcome(model_calls=3, completion_tokens=[2, 1, 4]), turns, 0)
+    assert verdict == "mismatch" and "3 model calls" in detail
+    verdict, detail = cross_check(AgentOutcome(model_calls=2, completion_tokens=[2, 7]), turns, 0)
+    assert verdict == "mismatch" and "call 1" in detail
+    assert cross_check(AgentOutcome(), [], 0)[0] == "none"

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from swe_gym_env.wire import Turn
+
 AGENT_HOME = "/home/agent"
 AGENT_MOUNT = "/opt/agents"
 
@@ -32,6 +34,25 @@ class AgentConfig:
     model: str
     context_window: int
     max_tokens: int
+
+
+def cross_check(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> tuple[str, str]:
+    """Reconcile the agent's own trace with the capture: ("match" | "mismatch" | "none", detail)."""
+    if outcome.model_calls == 0 and not outcome.completion_tokens and outcome.error_kind is None:
+        return "none", "the agent left no trace of model calls"
+    expected = outcome.model_calls - budget_replies
+    if expected != len(turns):
+        return "mismatch", (
+            f"the agent reports {outcome.model_calls} model calls ({budget_replies} budget replies), "
+            f"the capture holds {len(turns)} turns"
+        )
+    reported = outcome.completion_tokens[: len(turns)]
+    for i, (n, turn) in enumerate(zip(reported, turns, strict=False)):
+        if n != len(turn.completion_token_ids):
+            return "mismatch", (
+                f"call {i}: the agent reports {n} completion tokens, the capture holds {len(turn.completion_token_ids)}"
+            )
+    return "match", f"{len(turns)} calls, completion token counts agree"
 
 
 class Harness(Protocol):
