@@ -35,7 +35,18 @@ class RolloutRequest(BaseModel):
     engine: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Server-side engine name.")
     max_model_calls: int = Field(30, ge=1, le=500)
     max_tokens: int = Field(1024, ge=1, le=32768, description="Completion-token cap per model call.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    engine_url: str | None = Field(
+        None,
+        pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?$",
+        max_length=500,
+        description="An OpenAI-compatible base URL (…/v1) instead of a named engine; only where the server allows "
+        "it (SWE_GYM_ALLOW_ENGINE_URLS=1). No key can be given here: keys live server-side.",
+    )
+    engine_model: str | None = Field(None, max_length=200, description="Served model name at engine_url.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling overrides, forced on every call.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = None
     deadline_s: float = Field(600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
 
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -22,6 +22,7 @@ from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv_compat import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.wire import RolloutStatus
 
 
 async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
@@ -79,6 +80,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             "capture_sessions": capture.open_sessions(),
             "openenv_sessions": len(app.state.openenv.sessions),
         }
+
+    @app.get("/rollouts/{rollout_id}", response_model=RolloutStatus)
+    async def get_rollout(rollout_id: str) -> RolloutStatus:
+        status = service.get(rollout_id)
+        if status is None:
+            raise HTTPException(404, f"no rollout {rollout_id!r}")
+        return status
 
     install_openenv_routes(app, mcp, service)
     app.mount("/capture", capture.app())

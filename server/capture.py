@@ -43,7 +43,7 @@ class CaptureSession:
     max_calls: int
     max_tokens: int
     call_timeout_s: float
-    temperature: float | None = None
+    sampling: dict[str, float | int] = field(default_factory=dict)  # forced on every upstream call
     turns: list[Turn] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
@@ -83,7 +83,7 @@ class CaptureProxy:
         max_calls: int,
         max_tokens: int,
         call_timeout_s: float = 300.0,
-        temperature: float | None = None,
+        sampling: dict[str, float | int] | None = None,
     ) -> tuple[CaptureSession, str]:
         key = "sgk-" + secrets.token_urlsafe(32)
         session = CaptureSession(
@@ -92,7 +92,7 @@ class CaptureProxy:
             max_calls=max_calls,
             max_tokens=max_tokens,
             call_timeout_s=call_timeout_s,
-            temperature=temperature,
+            sampling=dict(sampling or {}),
         )
         self._by_key[_hash(key)] = session
         return session, key
@@ -178,8 +178,7 @@ class CaptureProxy:
         up["logprobs"] = True
         up["top_logprobs"] = max(1, min(int(up.get("top_logprobs") or 1), 20))
         up["return_tokens_as_token_ids"] = True
-        if session.temperature is not None:
-            up["temperature"] = session.temperature
+        up.update(session.sampling)
         if up.get("tools") == []:
             del up["tools"]
             up.pop("tool_choice", None)

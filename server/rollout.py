@@ -60,6 +60,7 @@ class ServerConfig:
     grading_timeout_s: float = 300.0
     concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend
     max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
+    allow_engine_urls: bool = False  # let callers name an engine URL (the proxy then calls it: trusted callers only)
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -76,6 +77,7 @@ class ServerConfig:
             engines={"default": engine},
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
             concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
+            allow_engine_urls=os.environ.get("SWE_GYM_ALLOW_ENGINE_URLS", "") == "1",
         )
 
 
@@ -294,12 +296,12 @@ class RolloutService:
         except TaskNotFound as e:
             raise RolloutFailure("task", str(e)) from e
         state["instance_id"] = rec.instance_id = task.instance_id
-        engine = self.config.engines.get(req.engine)
-        if engine is None:
-            raise RolloutFailure("validate", f"unknown engine {req.engine!r}; known: {sorted(self.config.engines)}")
+        engine, engine_name = self._engine_for(req)
         if req.sandbox == "local" and not task.repo_source:
             raise RolloutFailure("task", f"task {task.instance_id} has no local repository source")
-        cert = await self._certificate(req.engine, engine)
+        cert = await self._certificate(engine_name, engine)
+        if engine.served_model == "" and cert.served_model:
+            engine = EngineTarget(engine.base_url, cert.served_model, engine.api_key)
         state["cert"] = cert
         if not cert.reachable:
             raise RolloutFailure("validate", f"engine unreachable: {cert.detail}")
@@ -320,7 +322,10 @@ class RolloutService:
 
         rec.set_phase("session")
         session, key = self.capture.open_session(
-            engine, max_calls=req.max_model_calls, max_tokens=req.max_tokens, temperature=req.temperature
+            engine,
+            max_calls=req.max_model_calls,
+            max_tokens=req.max_tokens,
+            sampling={k: v for k in ("temperature", "top_p", "top_k", "seed") if (v := getattr(req, k)) is not None},
         )
         rec.session = session
         state["turns"], state["findings"] = session.turns, session.findings  # kept on every failure path
@@ -424,6 +429,21 @@ class RolloutService:
             logprobs_mode=state["cert"].logprobs_mode,
             findings=findings,
         )
+
+    def _engine_for(self, req: RolloutRequest) -> tuple[EngineTarget, str]:
+        if req.engine_url is None:
+            engine = self.config.engines.get(req.engine)
+            if engine is None:
+                raise RolloutFailure("validate", f"unknown engine {req.engine!r}; known: {sorted(self.config.engines)}")
+            return engine, req.engine
+        if not self.config.allow_engine_urls:
+            raise RolloutFailure(
+                "validate",
+                "this server only uses its named engines (engine_url is disabled; "
+                "the operator can allow it with SWE_GYM_ALLOW_ENGINE_URLS=1)",
+            )
+        url = req.engine_url.rstrip("/")
+        return EngineTarget(url, req.engine_model or ""), f"url:{url}"
 
     @staticmethod
     def _trace_fields(state: dict) -> dict:

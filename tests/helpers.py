@@ -64,8 +64,15 @@ def sse_events(text: str) -> list:
 class Stack:
     """Built-in engine + server as real processes on free loopback ports."""
 
-    def __init__(self, policy: str, engine_up: bool = True, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        engine_up: bool = True,
+        env: dict[str, str] | None = None,
+        server_engine_url: str | None = None,
+    ) -> None:
         self.engine_port, self.server_port = free_port(), free_port()
+        self.server_engine_url = server_engine_url
         self.procs: list[subprocess.Popen] = []
         self.env = {**os.environ, **(env or {})}
         if engine_up:
@@ -76,7 +83,14 @@ class Stack:
 
     def start_server(self) -> None:
         self.server = self._start(
-            [*ME, "serve", "--port", str(self.server_port), "--engine-url", self.engine_url("/v1")],
+            [
+                *ME,
+                "serve",
+                "--port",
+                str(self.server_port),
+                "--engine-url",
+                self.server_engine_url or self.engine_url("/v1"),
+            ],
             f"http://127.0.0.1:{self.server_port}/health",
         )
 

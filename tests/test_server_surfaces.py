@@ -60,6 +60,35 @@ async def test_official_mcp_sdk_client_runs_a_rollout_with_progress(stack):
     assert "phase: grade" in progress and any(m.startswith("model call 1:") for m in progress)
 
 
+async def test_engine_url_and_sampling_overrides_only_where_allowed(stack, tmp_path):
+    import httpx
+
+    async with SweGymClient(stack.mcp_url) as c:
+        refused = await c.run_rollout(engine_url=stack.engine_url("/v1"))
+    assert not refused.ok and refused.phase == "validate" and "SWE_GYM_ALLOW_ENGINE_URLS" in refused.error
+    s = Stack(
+        "oracle",
+        env={"SWE_GYM_DATA_DIR": str(tmp_path), "SWE_GYM_ALLOW_ENGINE_URLS": "1"},
+        server_engine_url="http://127.0.0.1:9/v1",
+    )
+    try:
+        async with SweGymClient(s.mcp_url) as c:
+            named = await c.run_rollout(max_model_calls=2)  # the named default engine is dead here
+            result = await c.run_rollout(engine_url=s.engine_url("/v1"), temperature=0.3, top_p=0.9, seed=7)
+        async with httpx.AsyncClient() as http:
+            by_http = (await http.get(f"http://127.0.0.1:{s.server_port}/rollouts/{result.rollout_id}")).json()
+            missing = await http.get(f"http://127.0.0.1:{s.server_port}/rollouts/nope")
+    finally:
+        s.stop()
+    assert not named.ok and "engine unreachable" in named.error
+    assert result.ok and result.reward == 1.0, result.error
+    assert all(
+        t.request["temperature"] == 0.3 and t.request["top_p"] == 0.9 and t.request["seed"] == 7 for t in result.turns
+    )
+    assert by_http["state"] == "finished" and by_http["result"]["rollout_id"] == result.rollout_id
+    assert missing.status_code == 404
+
+
 async def test_task_tools_never_reveal_patches(stack):
     async with Client(stack.mcp_url) as c:
         page = (await c.call_tool("list_tasks", {"split": "bundled"})).structured_content
