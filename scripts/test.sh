@@ -3,10 +3,12 @@
 # - scripts/setup.sh: system packages, the app's locked .venv, tokenizer, sandbox runtime, Pi
 # - scripts/setup_vllm.sh: a real vLLM (CPU) in .vllm-venv + SmolLM2-135M weights, for tests/test_vllm_real.py
 # - scripts/setup_openenv.sh: OpenEnv's own client in .openenv-venv, for tests/test_openenv_compat.py
+# - scripts/setup_trl.sh: trl + CPU torch + the light client in .trl-venv, for tests/test_trl_adapter.py
 # Extra arguments go to pytest (e.g. -m "not integration").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 bash scripts/setup_openenv.sh
+bash scripts/setup_trl.sh
 exec .venv/bin/python -m pytest "$@"
