@@ -365,8 +365,8 @@ class RolloutService:
             res = await sbx.exec(harness.command(cfg), timeout=req.deadline_s, relay=True)
             timings["agent"] = time.monotonic() - t
             state["exit_code"] = res.exit_code
-            state["log_tail"] = await self._log_tail(sbx, harness.log_path)
-            events = (await sbx.read_file(harness.events_path)).decode("utf-8", "replace")
+            state["log_tail"] = await self._read_text(sbx, harness.log_path, tail=4000)
+            events = await self._read_text(sbx, harness.events_path)
             outcome = harness.parse_events(events)
             budget_hit = session.stop_reason == "budget_exhausted"
             state["cross_check"] = cross_check(outcome, session.turns, session.budget_replies)
@@ -465,11 +465,13 @@ class RolloutService:
         return cert
 
     @staticmethod
-    async def _log_tail(sbx: Sandbox, path: str, limit: int = 4000) -> str:
+    async def _read_text(sbx: Sandbox, path: str, tail: int | None = None) -> str:
+        """A file the agent wrote (it may be missing if the agent died early: then empty)."""
         try:
-            return (await sbx.read_file(path)).decode("utf-8", "replace")[-limit:]
+            text = (await sbx.read_file(path)).decode("utf-8", "replace")
         except (OSError, SandboxError):
             return ""
+        return text[-tail:] if tail else text
 
     async def _extract_diff(self, sbx: Sandbox, task: Task) -> str:
         base = task.base_commit
