@@ -13,15 +13,11 @@ VENV=.openenv-venv
 OPENENV_SPEC="openenv==0.10.*"
 MARKER="$VENV/.ready-openenv-0.10"
 
-# This machine's pip.conf may name local index folders that hold only some packages: drop pip's per-package
-# "Location ... is ignored" warnings, keep everything else.
-quiet_pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+source scripts/side_venv.sh
 
 if [ ! -f "$MARKER" ]; then
   start=$(date +%s)
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  # The venv lives inside the work tree: keep git (and anything that copies untracked files) away from it.
-  echo '*' > "$VENV/.gitignore"
+  make_side_venv
   quiet_pip install -q "$OPENENV_SPEC" httpx websockets
   "$VENV/bin/python" - <<'EOF'
 from importlib.metadata import version

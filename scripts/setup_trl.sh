@@ -20,15 +20,11 @@ TRL_SPEC="trl==1.16.0"
 PINS=("transformers==5.24.0" "accelerate==1.15.0" "datasets==5.2.0")
 MARKER="$VENV/.ready-trl-1.16.0"
 
-# This machine's pip.conf names local index folders that hold only some packages: drop pip's per-package
-# "Location ... is ignored" warnings, keep everything else.
-quiet_pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+source scripts/side_venv.sh
 
 if [ ! -f "$MARKER" ]; then
   start=$(date +%s)
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  # The venv lives inside the work tree: keep git (and anything that copies untracked files) away from it.
-  echo '*' > "$VENV/.gitignore"
+  make_side_venv
   # Keep the machine's own constraints (if any) and add ours: torch stays the CPU build from local disk.
   CONSTRAINTS="$VENV/constraints.txt"
   { [ -f /etc/xdg/pip/constraints.txt ] && cat /etc/xdg/pip/constraints.txt; echo "$TORCH_SPEC"; } > "$CONSTRAINTS"

