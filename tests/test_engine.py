@@ -99,7 +99,7 @@ async def test_max_tokens_truncates_with_finish_length():
         body = (await c.post("/v1/chat/completions", json=pi_request(task, max_tokens=5))).json()
     choice = body["choices"][0]
     assert len(choice["token_ids"]) == 5 and choice["finish_reason"] == "length"
-    assert choice["message"]["tool_calls"] == []
+    assert "tool_calls" not in choice["message"]  # as vLLM: the key only when there are calls
 
 
 async def test_noop_and_script_policies(tmp_path):

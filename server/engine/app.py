@@ -79,12 +79,19 @@ class Completion:
         self.logprobs = [_fake_logprob(offset + i, t) for i, t in enumerate(ids)]
 
     def message(self) -> dict[str, Any]:
-        return {
+        # vLLM's message keys (tests/fixtures/vllm): `tool_calls` only when there are calls.
+        msg: dict[str, Any] = {
             "role": "assistant",
             "content": self.content or None,
-            "tool_calls": self.tool_calls,
-            "reasoning_content": None,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
         }
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        msg["reasoning"] = None
+        return msg
 
 
 class Engine:
@@ -131,21 +138,18 @@ class Engine:
         want_lp = bool(body.get("logprobs"))
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         want_ids = bool(body.get("return_token_ids"))
-        base = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "created": int(time.time()),
-            "model": self.served_model,
-            "system_fingerprint": f"swe-gym-env-builtin:{self.policy.name}",
-        }
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.served_model}
+        fingerprint = {"system_fingerprint": f"swe-gym-env-builtin:{self.policy.name}"}
         usage = {
             "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(comp.token_ids),
             "total_tokens": len(prompt_ids) + len(comp.token_ids),
+            "completion_tokens": len(comp.token_ids),
         }
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             chunks = self._stream(
                 base,
+                fingerprint,
                 comp,
                 prompt_ids if want_ids else None,
                 want_lp,
@@ -166,20 +170,40 @@ class Engine:
         }
         if want_ids:
             choice["token_ids"] = comp.token_ids
-        out = {**base, "object": "chat.completion", "choices": [choice], "usage": usage, "prompt_logprobs": None}
+        choice["routed_experts"] = None
+        out = {
+            **base,
+            "object": "chat.completion",
+            "choices": [choice],
+            "service_tier": None,
+            **fingerprint,
+            "usage": {**usage, "prompt_tokens_details": None, "completion_tokens_details": None},
+            "prompt_logprobs": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
         if want_ids:
             out["prompt_token_ids"] = prompt_ids
         return JSONResponse(out)
 
-    def _stream(self, base, comp: Completion, prompt_ids, want_lp, as_ids, top, want_ids, usage) -> Iterator[str]:
+    def _stream(
+        self, base, fingerprint, comp: Completion, prompt_ids, want_lp, as_ids, top, want_ids, usage
+    ) -> Iterator[str]:
+        """vLLM's chunk shapes (tests/fixtures/vllm): ids only on token chunks, `stop_reason` on the finish chunk,
+        the fingerprint only on the usage chunk."""
+
         def chunk(delta: dict, ids: list[int], lps: list[float], finish: str | None = None, **extra) -> str:
             choice: dict[str, Any] = {
                 "index": 0,
                 "delta": delta,
-                "finish_reason": finish,
                 "logprobs": {"content": self.logprob_entries(ids, lps, as_ids, top)} if want_lp and ids else None,
+                "finish_reason": finish,
             }
-            if want_ids:
+            if finish is not None:
+                choice["stop_reason"] = None
+            if want_ids and ids:
                 choice["token_ids"] = ids
             return (
                 "data: "
@@ -187,7 +211,7 @@ class Engine:
                 + "\n\n"
             )
 
-        first_extra = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}
+        first_extra = {"prompt_token_ids": prompt_ids, "prompt_text": None} if prompt_ids is not None else {}
         yield chunk({"role": "assistant", "content": ""}, [], [], **first_extra)
         pos = 0
         lps = comp.logprobs
@@ -196,6 +220,7 @@ class Engine:
             pos += 1
         for i, (call, ids) in enumerate(zip(comp.tool_calls, comp.call_ids, strict=True)):
             delta = {
+                "content": None,
                 "tool_calls": [
                     {
                         "index": i,
@@ -203,7 +228,7 @@ class Engine:
                         "type": "function",
                         "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
                     }
-                ]
+                ],
             }
             yield chunk(delta, ids, lps[pos : pos + len(ids)])
             pos += len(ids)
@@ -212,7 +237,7 @@ class Engine:
         if usage is not None:
             yield (
                 "data: "
-                + json.dumps({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+                + json.dumps({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage, **fingerprint})
                 + "\n\n"
             )
         yield "data: [DONE]\n\n"
