@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -22,7 +21,10 @@ from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv_compat import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.wire import RolloutStatus
+
+CAPTURE_DIR_PREFIX = "swe-gym-capture-"
 
 
 async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
@@ -51,7 +53,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         service.recover()
-        sock_dir = Path(tempfile.mkdtemp(prefix="swe-gym-capture-"))
+        reap_orphans(CAPTURE_DIR_PREFIX)
+        sock_dir = owned_dir(CAPTURE_DIR_PREFIX)
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)

@@ -160,6 +160,7 @@ async def test_cancel_rollout_stops_it_and_leaks_nothing(tmp_path):
 async def test_server_killed_mid_rollout_marks_it_failed_after_restart(tmp_path):
     s = Stack(slow_script(tmp_path), env={"SWE_GYM_DATA_DIR": str(tmp_path / "data")})
     killed = f"{tempfile.gettempdir()}/swe-gym-sbx-{s.server.pid}-*"
+    killed_socket = f"{tempfile.gettempdir()}/swe-gym-capture-{s.server.pid}-*"
     try:
         async with SweGymClient(s.mcp_url) as c:
             call = asyncio.create_task(c.run_rollout(rollout_id="killed-mid-run"))
@@ -179,6 +180,7 @@ async def test_server_killed_mid_rollout_marks_it_failed_after_restart(tmp_path)
         s.stop()
     assert got["ok"] is False and "server stopped" in got["error"] and got["reward"] is None
     assert glob.glob(killed) == []  # the dead server's sandbox was reaped at restart
+    assert glob.glob(killed_socket) == []  # and its capture socket dir
 
 
 async def test_32_concurrent_rollouts_each_with_its_own_turns(tmp_path):

@@ -15,11 +15,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from swe_gym_env.server.assets import task_runtime_dir
 from swe_gym_env.server.sandbox.base import ExecResult, SandboxError, SandboxSpec, clip
+from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 
 RELAY_PORT = 18080
 RUNTIME_MOUNT = "/opt/swe-gym/runtime"
@@ -43,14 +43,8 @@ DIR_PREFIX = "swe-gym-sbx-"
 
 
 def _reap_orphans() -> list[str]:
-    """Remove sandbox dirs left by server processes that no longer exist (e.g. killed mid-rollout)."""
-    removed = []
-    for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
-        pid = path.name[len(DIR_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
-    return removed
+    """Sandbox dirs left by server processes that no longer exist (e.g. killed mid-rollout)."""
+    return reap_orphans(DIR_PREFIX)
 
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
@@ -79,7 +73,7 @@ class LocalSandbox:
         runtime = task_runtime_dir()
         if not (runtime / "bin" / "python").exists():
             raise SandboxError(f"task runtime missing at {runtime}: run `swe-gym-env setup`")
-        root = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
+        root = owned_dir(DIR_PREFIX)
         sbx = cls(spec, root)
         try:
             for d in ("testbed", "home", "tmp"):
