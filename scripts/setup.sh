@@ -28,5 +28,5 @@ PY=${PYTHON:-python3}
 "$PY" -m pip --version >/dev/null 2>&1 || { echo "$PY has no pip" >&2; exit 1; }
 "$PY" -m uv --version >/dev/null 2>&1 || "$PY" -m pip install -q "uv==0.13.9"
 export UV_PYTHON_DOWNLOADS=never
-"$PY" -m uv sync --frozen --extra server --extra model --python "$("$PY" -c 'import sys; print(sys.executable)')" -q
+"$PY" -m uv sync --frozen --extra server --extra model --extra sandboxes --python "$("$PY" -c 'import sys; print(sys.executable)')" -q
 .venv/bin/swe-gym-env setup
