@@ -1,32 +1,45 @@
 """The capture proxy, mounted at /capture. It knows nothing of sandboxes, agents or tasks.
 
-Each rollout gets a session with a secret key; the agent uses the key as its API key. Every call is forwarded to
-the session's engine with token capture forced on (`return_token_ids`, `logprobs`, `return_tokens_as_token_ids`),
-checked (a reply without aligned ids and logprobs is an error, never a silent success), recorded as a turn, and
-answered to the agent as an ordinary chat completion — an SSE replay when the agent asked to stream.
+Each rollout gets a session: a public id (URLs, UI, results) and a separate secret key the agent uses as its API key.
+Every call is forwarded to the session's engine with token capture forced on, validated (ids and logprobs aligned;
+anything off is an error to the agent, never a silent success), linked into the rollout graph, written to the
+durable store, and only then answered. When the agent streams, the engine's stream is forwarded chunk by chunk as it
+arrives (time to first token is the engine's) and the final chunk and `[DONE]` are held until the call is stored.
+
+Agent-facing: ``POST /capture/v1/chat/completions`` (the only route a sandbox can reach). Admin (server app only,
+admin key when configured): ``/capture/sessions`` list / mint, ``/capture/sessions/{id}`` detail, ``…/export``,
+``…/events`` (SSE push of calls as they land), ``DELETE`` to close.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from swe_gym_env.wire import Turn
+from swe_gym_env.server import capture_chat as chat
+from swe_gym_env.server.capture_graph import RolloutGraph
+from swe_gym_env.server.capture_store import CaptureStore
+from swe_gym_env.server.capture_upstream import Upstream, UpstreamError, make_upstream
+from swe_gym_env.server.security import admin_ok, bearer
+from swe_gym_env.wire import CaptureSessionCreate, Finding, Turn
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+SESSION_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,17 @@ class EngineTarget:
     base_url: str  # ends with /v1
     served_model: str
     api_key: str | None = field(default=None, repr=False)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # extra headers, held server-side
+    revision: str | None = None  # model revision, when the operator knows it
+    chat_template_sha256: str | None = None
+
+    def public(self) -> dict:
+        return {
+            "base_url": self.base_url,
+            "served_model": self.served_model,
+            "revision": self.revision,
+            "chat_template_sha256": self.chat_template_sha256,
+        }
 
 
 @dataclass
@@ -44,36 +68,60 @@ class CaptureSession:
     max_tokens: int
     call_timeout_s: float
     sampling: dict[str, float | int] = field(default_factory=dict)  # forced on every upstream call
+    passthrough: bool = False  # black-box: forward unchanged, capture nothing (eval only)
+    stream_through: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)
-    calls: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    rewrites: Counter = field(default_factory=Counter)
+    calls: int = 0  # calls the agent made (budget replies excluded)
     stop_reason: str | None = None
     budget_replies: int = 0  # final "budget exhausted" replies: seen by the agent, not turns
     closed: bool = False
+    created_at: float = field(default_factory=time.time)
     last_call_at: float | None = None
     on_turn: Callable[[Turn], None] | None = None
+    graph: RolloutGraph = field(default_factory=RolloutGraph)
+    subscribers: list[asyncio.Queue] = field(default_factory=list)
+
+    def publish(self, event: dict) -> None:
+        for q in list(self.subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(event)
+
+    def summary(self) -> dict:
+        return {
+            "id": self.id,
+            "state": "closed" if self.closed else "open",
+            "mode": "passthrough" if self.passthrough else "capture",
+            "engine": self.engine.public(),
+            "labels": self.labels,
+            "calls": self.calls,
+            "turns": len(self.turns),
+            "roots": len(self.graph.roots()),
+            "budget_replies": self.budget_replies,
+            "stop_reason": self.stop_reason,
+            "created_at": self.created_at,
+            "seconds_since_last_call": round(time.time() - self.last_call_at, 3) if self.last_call_at else None,
+            "errors": self.errors[-5:],
+        }
 
 
 def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class CaptureError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 def _agent_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "capture_proxy_error", "code": status}}, status)
+    return JSONResponse(chat.error_body(status, message), status)
 
 
 class CaptureProxy:
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, store: CaptureStore | None = None, upstream: Upstream | None = None) -> None:
         self._by_key: dict[str, CaptureSession] = {}
-        self._client = client
+        self.sessions: dict[str, CaptureSession] = {}  # open and recently closed, by public id
+        self.store = store
+        self._upstream = upstream
 
     # -- sessions ---------------------------------------------------------------------------------------------
     def open_session(
@@ -84,52 +132,133 @@ class CaptureProxy:
         max_tokens: int,
         call_timeout_s: float = 300.0,
         sampling: dict[str, float | int] | None = None,
+        passthrough: bool = False,
+        session_id: str | None = None,
+        labels: dict[str, str] | None = None,
     ) -> tuple[CaptureSession, str]:
+        """A new session and its secret key (returned once; only its hash is kept)."""
+        sid = session_id or uuid.uuid4().hex[:16]
+        if not (1 <= len(sid) <= 64 and set(sid) <= SESSION_ID_CHARS):
+            raise ValueError(f"invalid session id {sid!r}")
+        if sid in self.sessions and not self.sessions[sid].closed:
+            raise ValueError(f"session {sid!r} is already open")
         key = "sgk-" + secrets.token_urlsafe(32)
         session = CaptureSession(
-            id=uuid.uuid4().hex[:12],
+            id=sid,
             engine=engine,
             max_calls=max_calls,
             max_tokens=max_tokens,
             call_timeout_s=call_timeout_s,
             sampling=dict(sampling or {}),
+            passthrough=passthrough,
+            labels=dict(labels or {}),
         )
         self._by_key[_hash(key)] = session
+        self.sessions[sid] = session
+        self._trim()
+        if self.store is not None:
+            self.store.open_session(sid, self._meta(session))
         return session, key
 
+    @staticmethod
+    def _meta(session: CaptureSession) -> dict:
+        return {
+            "engine": session.engine.public(),
+            "sampling": session.sampling,
+            "max_calls": session.max_calls,
+            "max_tokens": session.max_tokens,
+            "call_timeout_s": session.call_timeout_s,
+            "mode": "passthrough" if session.passthrough else "capture",
+            "labels": session.labels,
+        }
+
     def close_session(self, session: CaptureSession) -> None:
+        """Idempotent. Marks discarded branches and roles, adds the closing findings, persists the state."""
+        if session.closed:
+            return
         session.closed = True
         for h, s in list(self._by_key.items()):
             if s is session:
                 del self._by_key[h]
+        self._finalize(session)
+        if self.store is not None:
+            self.store.close_session(
+                session.id,
+                stop_reason=session.stop_reason,
+                findings=[f.model_dump() for f in session.findings],
+                errors=session.errors,
+                budget_replies=session.budget_replies,
+            )
+        session.publish({"type": "closed", "session": session.id, "turns": len(session.turns)})
+
+    @staticmethod
+    def _finalize(session: CaptureSession) -> None:
+        g = session.graph
+        for what, n in session.rewrites.items():
+            session.findings.append(Finding(severity="info", code="rewrite", message=f"{what} ({n} calls)"))
+        if session.passthrough:
+            return
+        if not session.turns:
+            session.findings.append(
+                Finding(severity="fatal", code="no_model_calls", message="no model call was captured")
+            )
+            return
+        g.mark_discarded()
+        sizes = Counter(n.root for n in g.nodes)
+        main_root = max(sizes, key=lambda r: (sizes[r], -r))
+        for turn, node in zip(session.turns, g.nodes, strict=True):
+            turn.discarded = node.discarded
+            turn.role = "agent" if node.root == main_root else "aux"
+        if len(sizes) > 1:
+            session.findings.append(
+                Finding(
+                    severity="info",
+                    code="roots",
+                    message=f"{len(sizes)} conversations (roots); {len(sizes) - 1} outside the agent's main one",
+                )
+            )
 
     def open_sessions(self) -> int:
         return len(self._by_key)
 
+    def _trim(self, keep_closed: int = 512) -> None:
+        closed = [sid for sid, s in self.sessions.items() if s.closed]
+        for sid in closed[: max(0, len(closed) - keep_closed)]:
+            del self.sessions[sid]
+
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._upstream is not None:
+            await self._upstream.aclose()
+            self._upstream = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
-        return self._client
+    def upstream(self) -> Upstream:
+        if self._upstream is None:
+            self._upstream = make_upstream()
+        return self._upstream
 
     def _session_for(self, request: Request) -> CaptureSession | None:
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        key = bearer(request.headers.get("authorization")) or request.headers.get("x-api-key", "")
         if not key:
             return None
         s = self._by_key.get(_hash(key))
         return None if s is None or s.closed else s
 
-    # -- the route --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _headers(engine: EngineTarget) -> dict[str, str]:
+        headers = {"content-type": "application/json", **dict(engine.headers)}
+        if engine.api_key:
+            headers["authorization"] = f"Bearer {engine.api_key}"
+        return headers
+
+    # -- the agent-facing route -------------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
         session = self._session_for(request)
         if session is None:
             return _agent_error(401, "unknown or closed capture key")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return _agent_error(413, f"request body over {MAX_BODY_BYTES} bytes")
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
             return _agent_error(413, f"request body over {MAX_BODY_BYTES} bytes")
@@ -141,165 +270,456 @@ class CaptureProxy:
             return _agent_error(400, "a chat completion request needs a messages list")
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        model = body.get("model")
         if session.calls >= session.max_calls:
             session.stop_reason = "budget_exhausted"
             session.budget_replies += 1
             msg = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
-            return self._reply(body.get("model"), msg, "stop", None, stream, include_usage)
+            if stream:
+                return StreamingResponse(chat.sse_replay(model, msg, "stop", None), media_type="text/event-stream")
+            return JSONResponse(chat.reply_json(model, msg, "stop", None))
         session.calls += 1
-        upstream = self._upstream_body(session, body)
-        t0 = time.monotonic()
-        try:
-            data = await self._call_engine(session, upstream)
-            turn = self._turn_from(session, upstream, data, stream, time.monotonic() - t0)
-        except CaptureError as e:
-            session.errors.append(f"call {session.calls}: {e.message}")
-            return _agent_error(e.status, e.message)
-        session.turns.append(turn)
         session.last_call_at = time.time()
-        if session.on_turn is not None:
-            session.on_turn(turn)
-        choice = data["choices"][0]
-        return self._reply(
-            body.get("model"),
-            turn.response_message,
-            choice.get("finish_reason"),
-            data.get("usage"),
-            stream,
-            include_usage,
+        if session.passthrough:
+            return await self._passthrough(session, body, stream)
+        through = stream and session.stream_through
+        up, rewrites = chat.upstream_body(
+            body,
+            served_model=session.engine.served_model,
+            max_tokens=session.max_tokens,
+            sampling=session.sampling,
+            stream=through,
         )
-
-    def _upstream_body(self, session: CaptureSession, body: dict) -> dict:
-        up = copy.deepcopy(body)
-        up["model"] = session.engine.served_model
-        up["stream"] = False
-        up.pop("stream_options", None)
-        up["return_token_ids"] = True
-        up["logprobs"] = True
-        up["top_logprobs"] = max(1, min(int(up.get("top_logprobs") or 1), 20))
-        up["return_tokens_as_token_ids"] = True
-        up.update(session.sampling)
-        if up.get("tools") == []:
-            del up["tools"]
-            up.pop("tool_choice", None)
-            session.findings.append("removed an empty tools array (engines reject it)")
-        for k in ("max_completion_tokens", "max_tokens"):
-            if k in up:
-                up[k] = min(int(up[k]), session.max_tokens)
-        if "max_completion_tokens" not in up and "max_tokens" not in up:
-            up["max_tokens"] = session.max_tokens
-        return up
-
-    async def _call_engine(self, session: CaptureSession, up: dict) -> dict:
-        headers = {"content-type": "application/json"}
-        if session.engine.api_key:
-            headers["authorization"] = f"Bearer {session.engine.api_key}"
+        session.rewrites.update(rewrites)
+        t0 = time.monotonic()
+        if through:
+            return await self._stream_through(session, up, model, include_usage, t0)
         try:
-            r = await self.client.post(
-                f"{session.engine.base_url}/chat/completions", json=up, headers=headers, timeout=session.call_timeout_s
+            status, data = await self.upstream.post(
+                f"{session.engine.base_url}/chat/completions",
+                up,
+                self._headers(session.engine),
+                session.call_timeout_s,
             )
-        except httpx.TimeoutException as e:
-            raise CaptureError(504, f"engine timed out after {session.call_timeout_s:.0f}s") from e
-        except httpx.HTTPError as e:
-            raise CaptureError(502, f"engine unreachable: {type(e).__name__}") from e
-        if r.status_code != 200:
-            raise CaptureError(
-                r.status_code if r.status_code < 500 else 502, f"engine answered HTTP {r.status_code}: {r.text[:500]}"
+            reply = self._parse_reply(status, data)
+            call = chat.call_from_reply(reply)
+            self._record(session, up, call, streamed=stream, wall=time.monotonic() - t0)
+        except UpstreamError as e:
+            return self._fail(session, 504 if e.timeout else 502, str(e))
+        except chat.DialectError as e:
+            return self._fail(session, e.status, e.message)
+        if stream:
+            return StreamingResponse(
+                chat.sse_replay(model, call.message, call.finish_reason, call.usage if include_usage else None),
+                media_type="text/event-stream",
             )
+        return JSONResponse(chat.reply_json(model, call.message, call.finish_reason, call.usage))
+
+    @staticmethod
+    def _parse_reply(status: int, data: bytes) -> Any:
+        if status != 200:
+            text = data[:500].decode("utf-8", "replace")
+            raise chat.DialectError(status if status < 500 else 502, f"engine answered HTTP {status}: {text}")
         try:
-            data = r.json()
+            return json.loads(data)
         except ValueError as e:
-            raise CaptureError(502, "engine reply is not JSON") from e
-        return data
+            raise chat.DialectError(502, "engine reply is not JSON") from e
 
-    def _turn_from(self, session: CaptureSession, up: dict, data: Any, stream: bool, wall: float) -> Turn:
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-            raise CaptureError(502, "engine reply has no choices")
-        choice = data["choices"][0]
-        prompt_ids = data.get("prompt_token_ids")
-        ids = choice.get("token_ids")
-        content = (choice.get("logprobs") or {}).get("content")
-        if not _int_list(prompt_ids) or not prompt_ids:
-            raise CaptureError(502, "engine returned no prompt_token_ids (is it vLLM >= 0.10.2?)")
-        if not _int_list(ids) or not ids:
-            raise CaptureError(502, "engine returned no completion token_ids")
-        if not isinstance(content, list) or len(content) != len(ids):
-            raise CaptureError(502, f"engine returned {len(content or [])} logprobs for {len(ids)} tokens")
-        lps = []
-        for i, (tid, entry) in enumerate(zip(ids, content, strict=True)):
-            if not isinstance(entry, dict) or entry.get("token") != f"token_id:{tid}":
-                raise CaptureError(
-                    502, f"logprob entry {i} does not name token {tid} (need --return-tokens-as-token-ids)"
+    def _fail(self, session: CaptureSession, status: int, message: str) -> JSONResponse:
+        self._error(session, message)
+        return _agent_error(status, message)
+
+    @staticmethod
+    def _error(session: CaptureSession, message: str) -> None:
+        session.errors.append(f"call {session.calls}: {message}")
+        session.publish({"type": "error", "session": session.id, "call": session.calls, "message": message})
+
+    def _record(self, session: CaptureSession, up: dict, call: chat.CapturedCall, streamed: bool, wall: float) -> None:
+        """Validate, link, persist, publish — before the agent sees the end of the reply."""
+        usage = call.usage or {}
+        reported = usage.get("completion_tokens")
+        if isinstance(reported, int) and reported != len(call.completion_token_ids):
+            raise chat.DialectError(
+                502,
+                f"engine reports {reported} completion tokens but returned {len(call.completion_token_ids)} ids",
+            )
+        if session.closed:
+            raise chat.DialectError(409, "the capture session closed during this call")
+        g = session.graph
+        node, keys, findings = g.link(call.prompt_token_ids, call.completion_token_ids, call.logprobs)
+        index = len(session.turns)
+        if self.store is not None:
+            try:
+                self.store.add_call(
+                    session.id,
+                    index,
+                    base=node.base,
+                    shared=node.shared,
+                    prompt=node.prompt,
+                    completion=node.completion,
+                    logprobs=node.logprobs,
+                    finish_reason=call.finish_reason,
+                    streamed=streamed,
+                    wall_s=round(wall, 4),
+                    request=up,
+                    response=call.message,
                 )
-            lp = entry.get("logprob")
-            if not isinstance(lp, int | float) or lp > 0:
-                raise CaptureError(502, f"logprob entry {i} is not a log-probability: {lp!r}")
-            lps.append(float(lp))
-        msg = choice.get("message") or {}
-        out_msg = {"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls") or []}
-        return Turn(
-            index=len(session.turns),
-            prompt_token_ids=prompt_ids,
-            completion_token_ids=ids,
-            logprobs=lps,
-            finish_reason=choice.get("finish_reason"),
-            streamed=stream,
+            except Exception as e:  # never answer a call we could not keep
+                raise chat.DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
+        g.commit(node, keys)
+        turn = Turn(
+            index=index,
+            prompt_token_ids=call.prompt_token_ids,
+            completion_token_ids=call.completion_token_ids,
+            logprobs=call.logprobs,
+            finish_reason=call.finish_reason,
+            streamed=streamed,
             wall_s=round(wall, 4),
             request=up,
-            response_message=out_msg,
+            response_message=call.message,
+            parent=node.parent,
+            relation=node.relation,
         )
+        session.turns.append(turn)
+        session.findings.extend(findings)
+        session.last_call_at = time.time()
+        session.publish(
+            {
+                "type": "turn",
+                "session": session.id,
+                "index": index,
+                "parent": node.parent,
+                "relation": node.relation,
+                "prompt_tokens": len(call.prompt_token_ids),
+                "completion_tokens": len(call.completion_token_ids),
+                "finish_reason": call.finish_reason,
+                "tool_calls": [c["name"] for c in chat.decoded_tool_calls(call.message)],
+                "at": session.last_call_at,
+            }
+        )
+        if session.on_turn is not None:
+            session.on_turn(turn)
 
-    def _reply(
-        self, model: Any, msg: dict, finish: str | None, usage: dict | None, stream: bool, include_usage: bool
+    # -- streaming --------------------------------------------------------------------------------------------
+    async def _pump(self, session: CaptureSession, body: dict, queue: asyncio.Queue, raw: bool) -> None:
+        """Owns the upstream stream (its own task, so its timeout and cleanup never touch the caller's task)."""
+        try:
+            async with asyncio.timeout(session.call_timeout_s):
+                async with self.upstream.stream(
+                    f"{session.engine.base_url}/chat/completions",
+                    body,
+                    self._headers(session.engine),
+                    session.call_timeout_s,
+                ) as reply:
+                    if reply.status != 200:
+                        self._parse_reply(reply.status, await reply.body())
+                    if not reply.content_type.startswith("text/event-stream"):
+                        kind = reply.content_type or "no content type"
+                        raise chat.DialectError(502, f"engine answered a streamed request with {kind}, not a stream")
+                    async for line in reply.lines():
+                        line = line.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            await queue.put(("done", None))
+                            return
+                        if raw:
+                            await queue.put(("raw", data))
+                            continue
+                        try:
+                            event = json.loads(data)
+                        except ValueError:
+                            raise chat.DialectError(502, "engine streamed a chunk that is not JSON") from None
+                        if not isinstance(event, dict):
+                            raise chat.DialectError(502, "engine streamed a chunk that is not an object")
+                        if "error" in event:
+                            raise chat.DialectError(502, f"engine error mid-stream: {str(event['error'])[:300]}")
+                        await queue.put(("event", event))
+                    raise chat.DialectError(502, "engine stream ended without [DONE]")
+        except chat.DialectError as e:
+            await queue.put(("error", e))
+        except UpstreamError as e:
+            await queue.put(("error", chat.DialectError(504 if e.timeout else 502, str(e))))
+        except TimeoutError:
+            msg = f"engine timed out after {session.call_timeout_s:.0f}s"
+            await queue.put(("error", chat.DialectError(504, msg)))
+
+    async def _stream_through(
+        self, session: CaptureSession, up: dict, model: Any, include_usage: bool, t0: float
     ) -> Response:
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or "capture"}
+        queue: asyncio.Queue = asyncio.Queue()
+        pump = asyncio.create_task(self._pump(session, up, queue, raw=False))
+        kind, first = await queue.get()
+        if kind != "event" or first.get("prompt_token_ids") is None:
+            pump.cancel()
+            err = first if kind == "error" else chat.DialectError(502, "engine streamed no prompt_token_ids")
+            return self._fail(session, err.status, err.message)
+        acc = chat.StreamAccumulator()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                acc.add(first)
+                yield chat.sse(chat.agent_chunk(first, model))
+                held: list[dict] = []
+                while True:
+                    kind, item = await queue.get()
+                    if kind == "done":
+                        break
+                    if kind == "error":
+                        raise item
+                    acc.add(item)
+                    choices = item.get("choices") or []
+                    if held or any(isinstance(c, dict) and c.get("finish_reason") for c in choices) or not choices:
+                        held.append(item)  # the end of the reply waits until the call is stored
+                        continue
+                    yield chat.sse(chat.agent_chunk(item, model))
+                self._record(session, up, acc.call(), streamed=True, wall=time.monotonic() - t0)
+                for item in held:
+                    if not item.get("choices") and not include_usage:
+                        continue
+                    yield chat.sse(chat.agent_chunk(item, model))
+                yield chat.sse("[DONE]")
+            except chat.DialectError as e:
+                self._error(session, e.message)
+                yield chat.sse(chat.error_body(e.status, e.message))
+            finally:
+                pump.cancel()
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def _passthrough(self, session: CaptureSession, body: dict, stream: bool) -> Response:
+        up, rewrites = chat.upstream_body(
+            body,
+            served_model=session.engine.served_model,
+            max_tokens=session.max_tokens,
+            sampling={},
+            stream=stream,
+            capture=False,
+        )
+        session.rewrites.update(rewrites)
         if not stream:
-            return JSONResponse(
-                {
-                    **base,
-                    "object": "chat.completion",
-                    "usage": usage,
-                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-                }
-            )
-        return StreamingResponse(
-            _sse_replay(base, msg, finish, usage if include_usage else None), media_type="text/event-stream"
-        )
+            try:
+                status, data = await self.upstream.post(
+                    f"{session.engine.base_url}/chat/completions",
+                    up,
+                    self._headers(session.engine),
+                    session.call_timeout_s,
+                )
+            except UpstreamError as e:
+                return self._fail(session, 504 if e.timeout else 502, str(e))
+            session.publish({"type": "call", "session": session.id, "call": session.calls, "status": status})
+            return Response(data, status, media_type="application/json")
+        queue: asyncio.Queue = asyncio.Queue()
+        pump = asyncio.create_task(self._pump(session, up, queue, raw=True))
+        kind, first = await queue.get()
+        if kind == "error":
+            return self._fail(session, first.status, first.message)
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat_completions, methods=["POST"])])
+        async def relay() -> AsyncIterator[bytes]:
+            item, k = first, kind
+            try:
+                while k != "done":
+                    if k == "error":
+                        self._error(session, item.message)
+                        yield chat.sse(chat.error_body(item.status, item.message))
+                        return
+                    yield b"data: " + item + b"\n\n"
+                    k, item = await queue.get()
+                yield chat.sse("[DONE]")
+                session.publish({"type": "call", "session": session.id, "call": session.calls, "status": 200})
+            finally:
+                pump.cancel()
 
+        return StreamingResponse(relay(), media_type="text/event-stream")
 
-def _int_list(x: Any) -> bool:
-    return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+    # -- admin ------------------------------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> CaptureSession | None:
+        return self.sessions.get(session_id)
 
-
-def _sse_replay(base: dict, msg: dict, finish: str | None, usage: dict | None):
-    def event(choices: list, **extra) -> str:
-        return "data: " + json.dumps({**base, "object": "chat.completion.chunk", "choices": choices, **extra}) + "\n\n"
-
-    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    if msg.get("content"):
-        yield event([{"index": 0, "delta": {"content": msg["content"]}, "finish_reason": None}])
-    for i, call in enumerate(msg.get("tool_calls") or []):
-        fn = call.get("function") or {}
-        head = {
-            "index": i,
-            "id": call.get("id") or f"call_{i}",
-            "type": "function",
-            "function": {"name": fn.get("name"), "arguments": ""},
+    def session_detail(self, session_id: str) -> dict | None:
+        s = self.sessions.get(session_id)
+        if s is not None:
+            return {
+                **s.summary(),
+                "findings": [f.model_dump() for f in s.findings],
+                "calls": [
+                    {
+                        "index": t.index,
+                        "parent": t.parent,
+                        "relation": t.relation,
+                        "role": t.role,
+                        "discarded": t.discarded,
+                        "prompt_tokens": len(t.prompt_token_ids),
+                        "completion_tokens": len(t.completion_token_ids),
+                        "finish_reason": t.finish_reason,
+                        "wall_s": t.wall_s,
+                    }
+                    for t in s.turns
+                ],
+            }
+        doc = self.export(session_id)
+        if doc is None:
+            return None
+        return {k: v for k, v in doc.items() if k not in ("turns", "sequences")} | {
+            "calls": [{k: t[k] for k in ("index", "parent", "relation", "finish_reason")} for t in doc["turns"]]
         }
-        yield event([{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}])
-        yield event(
-            [
-                {
-                    "index": 0,
-                    "delta": {"tool_calls": [{"index": i, "function": {"arguments": fn.get("arguments") or ""}}]},
-                    "finish_reason": None,
-                }
-            ]
+
+    def export(self, session_id: str) -> dict | None:
+        """The session as a document: every turn with its own ids and logprobs, provenance, sequences + masks."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            return self._export_stored(session_id)
+        meta = self._meta(s)
+        turns = [t.model_dump() for t in s.turns]
+        return self._document(
+            session_id,
+            "closed" if s.closed else "open",
+            meta,
+            turns,
+            s.graph,
+            [f.model_dump() for f in s.findings],
+            s.stop_reason,
         )
-    yield event([{"index": 0, "delta": {}, "finish_reason": finish or "stop"}])
-    if usage is not None:
-        yield event([], usage=usage)
-    yield "data: [DONE]\n\n"
+
+    def _export_stored(self, session_id: str) -> dict | None:
+        if self.store is None:
+            return None
+        data = self.store.load_session(session_id)
+        if data is None:
+            return None
+        g = RolloutGraph()
+        findings = list(data["findings"])
+        turns = []
+        for c in data["calls"]:
+            findings += [f.model_dump() for f in g.add(c["prompt_token_ids"], c["completion_token_ids"], c["logprobs"])]
+            n = g.nodes[-1]
+            turns.append({**c, "parent": n.parent, "relation": n.relation})
+        if g.nodes:
+            g.mark_discarded()
+        for t, n in zip(turns, g.nodes, strict=True):
+            t["discarded"] = n.discarded
+        return self._document(session_id, data["state"], data["meta"], turns, g, findings, data["stop_reason"])
+
+    @staticmethod
+    def _document(
+        sid: str, state: str, meta: dict, turns: list[dict], g: RolloutGraph, findings: list, stop_reason: str | None
+    ) -> dict:
+        for t in turns:
+            t["tool_calls"] = chat.decoded_tool_calls(t.get("response_message") or {})
+        return {
+            "session_id": sid,
+            "state": state,
+            "stop_reason": stop_reason,
+            "provenance": {
+                "engine": meta.get("engine"),
+                "sampling": meta.get("sampling"),
+                "seed": (meta.get("sampling") or {}).get("seed"),
+                "max_tokens": meta.get("max_tokens"),
+                "mode": meta.get("mode"),
+            },
+            "roots": g.roots(),
+            "turns": turns,
+            "sequences": g.sequences() if g.nodes else [],
+            "findings": findings,
+        }
+
+    def _admin(self, request: Request) -> JSONResponse | None:
+        presented = bearer(request.headers.get("authorization")) or request.headers.get("x-admin-key")
+        if not admin_ok(presented):
+            return JSONResponse({"error": "admin key required"}, 401)
+        return None
+
+    async def list_route(self, request: Request) -> Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        live = [s.summary() for s in self.sessions.values()]
+        known = {s["id"] for s in live}
+        stored = [sid for sid in self.store.session_ids(200) if sid not in known] if self.store is not None else []
+        return JSONResponse({"sessions": live, "stored": stored})
+
+    async def create_route(self, request: Request) -> Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        raw = await request.body()
+        if len(raw) > 64 * 1024:
+            return JSONResponse({"error": "request body too large"}, 413)
+        try:
+            spec = CaptureSessionCreate.model_validate_json(raw)
+        except ValueError as e:
+            return JSONResponse({"error": f"invalid session spec: {e}"}, 422)
+        engine = EngineTarget(
+            spec.engine_url.rstrip("/"),
+            spec.served_model,
+            spec.engine_api_key,
+            tuple(spec.engine_headers.items()),
+        )
+        session, key = self.open_session(
+            engine,
+            max_calls=spec.max_calls,
+            max_tokens=spec.max_tokens,
+            call_timeout_s=spec.call_timeout_s,
+            sampling=spec.sampling,
+            passthrough=spec.passthrough,
+            labels=spec.labels,
+        )
+        return JSONResponse({"id": session.id, "key": key, "base_url": "/capture/v1"}, 201)
+
+    async def detail_route(self, request: Request) -> Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        detail = self.session_detail(request.path_params["sid"])
+        return JSONResponse(detail) if detail is not None else JSONResponse({"error": "no such session"}, 404)
+
+    async def export_route(self, request: Request) -> Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        doc = self.export(request.path_params["sid"])
+        return JSONResponse(doc) if doc is not None else JSONResponse({"error": "no such session"}, 404)
+
+    async def close_route(self, request: Request) -> Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        s = self.sessions.get(request.path_params["sid"])
+        if s is None:
+            return JSONResponse({"error": "no such open session"}, 404)
+        self.close_session(s)
+        return JSONResponse(s.summary())
+
+    async def events_route(self, request: Request) -> Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        s = self.sessions.get(request.path_params["sid"])
+        if s is None:
+            return JSONResponse({"error": "no such live session"}, 404)
+        queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        s.subscribers.append(queue)
+
+        async def events() -> AsyncIterator[dict]:
+            try:
+                yield {"event": "session", "data": json.dumps(s.summary())}
+                if s.closed:
+                    return
+                while True:
+                    event = await queue.get()
+                    yield {"event": event["type"], "data": json.dumps(event)}
+                    if event["type"] == "closed":
+                        return
+            finally:
+                s.subscribers.remove(queue)
+
+        return EventSourceResponse(events(), ping=15)
+
+    def app(self, admin: bool = False) -> Starlette:
+        """The agent-facing route; with ``admin`` also the session API (never served to sandboxes)."""
+        routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+        if admin:
+            routes += [
+                Route("/sessions", self.list_route, methods=["GET"]),
+                Route("/sessions", self.create_route, methods=["POST"]),
+                Route("/sessions/{sid}", self.detail_route, methods=["GET"]),
+                Route("/sessions/{sid}", self.close_route, methods=["DELETE"]),
+                Route("/sessions/{sid}/export", self.export_route, methods=["GET"]),
+                Route("/sessions/{sid}/events", self.events_route, methods=["GET"]),
+            ]
+        return Starlette(routes=routes)

@@ -1,10 +1,21 @@
+"""The capture proxy against the built-in engine (in process) and hostile stub engines, over real HTTP where
+streaming matters (httpx's ASGI transport buffers whole responses)."""
+
+import asyncio
+import json
+import threading
+
 import httpx
 import pytest
+import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from swe_gym_env.cli import free_port
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+from swe_gym_env.server.capture_store import CaptureStore
+from swe_gym_env.server.capture_upstream import HttpxUpstream
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import MODEL, PI_TOOLS, engine_app, sse_events
@@ -12,13 +23,18 @@ from helpers import MODEL, PI_TOOLS, engine_app, sse_events
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
 
-def make_proxy(app) -> CaptureProxy:
-    return CaptureProxy(client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+def make_proxy(app, store: CaptureStore | None = None) -> CaptureProxy:
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
+    return CaptureProxy(store, upstream=HttpxUpstream(client=client))
 
 
-def agent(proxy: CaptureProxy, key: str | None) -> httpx.AsyncClient:
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app()), base_url="http://capture", headers=headers)
+def agent(proxy: CaptureProxy, key: str | None, admin: bool = False, headers: dict | None = None) -> httpx.AsyncClient:
+    h = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=proxy.app(admin=admin)),
+        base_url="http://capture",
+        headers={**h, **(headers or {})},
+    )
 
 
 def agent_request(**extra):
@@ -33,27 +49,57 @@ def agent_request(**extra):
     }
 
 
+def open_session(proxy: CaptureProxy, **kw):
+    kw.setdefault("max_calls", 5)
+    kw.setdefault("max_tokens", 512)
+    return proxy.open_session(EngineTarget("http://engine/v1", MODEL), **kw)
+
+
+class Served:
+    """A Starlette app on a real loopback port (uvicorn in a thread)."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        while not self.server.started:
+            threading.Event().wait(0.01)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
 async def test_unknown_and_closed_keys_get_401():
     proxy = make_proxy(engine_app())
-    session, key = proxy.open_session(EngineTarget("http://engine/v1", MODEL), max_calls=5, max_tokens=512)
+    session, key = open_session(proxy)
     async with agent(proxy, "sgk-wrong") as c:
         assert (await c.post("/v1/chat/completions", json=agent_request())).status_code == 401
     async with agent(proxy, None) as c:
         assert (await c.post("/v1/chat/completions", json=agent_request())).status_code == 401
+    async with agent(proxy, None, headers={"x-api-key": key}) as c:  # the Anthropic-style header works too
+        assert (await c.post("/v1/chat/completions", json=agent_request(stream=False))).status_code == 200
     proxy.close_session(session)
     async with agent(proxy, key) as c:
         assert (await c.post("/v1/chat/completions", json=agent_request())).status_code == 401
-    assert session.turns == []
+    assert len(session.turns) == 1
 
 
-async def test_streamed_call_is_captured_and_replayed():
+async def test_stream_through_equals_non_stream_and_prompt_ids_equal_tokenize():
     proxy = make_proxy(engine_app())
-    session, key = proxy.open_session(EngineTarget("http://engine/v1", MODEL), max_calls=5, max_tokens=512)
+    session, key = open_session(proxy)
     async with agent(proxy, key) as c:
         r = await c.post("/v1/chat/completions", json=agent_request())
+        plain = await c.post("/v1/chat/completions", json=agent_request(stream=False))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] > 0
+    assert all("token_ids" not in ch and "logprobs" not in ch for e in events[:-1] for ch in e["choices"])
+    assert all("prompt_token_ids" not in e and e["model"] == "whatever/the-agent-says" for e in events[:-1])
     args = "".join(
         tc["function"].get("arguments", "")
         for e in events[:-1]
@@ -61,32 +107,123 @@ async def test_streamed_call_is_captured_and_replayed():
         for tc in ch["delta"].get("tool_calls", [])
     )
     assert '"path": "batchtools/chunks.py"' in args
-    assert [e["choices"][0]["finish_reason"] for e in events[:-2]][-1] == "tool_calls"
-    (turn,) = session.turns
-    assert turn.streamed and turn.request["model"] == MODEL  # the agent's model name is rewritten
-    assert turn.request["return_token_ids"] and turn.request["logprobs"] and turn.request["stream"] is False
-    assert len(turn.completion_token_ids) == len(turn.logprobs) > 0
+    streamed, whole = session.turns
+    assert streamed.streamed and streamed.request["stream"] is True  # streamed through, not replayed
+    assert not whole.streamed and whole.request["stream"] is False
+    assert streamed.request["model"] == MODEL  # the agent's model name is rewritten
+    assert streamed.prompt_token_ids == whole.prompt_token_ids
+    assert streamed.completion_token_ids == whole.completion_token_ids and streamed.logprobs == whole.logprobs
+    assert streamed.response_message["tool_calls"][0]["function"]["arguments"] == args
+    assert len(streamed.completion_token_ids) == len(streamed.logprobs) > 0
+    assert plain.json()["choices"][0]["message"]["tool_calls"] == whole.response_message["tool_calls"]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=engine_app()), base_url="http://e") as e:
-        tok = await e.post("/tokenize", json={"messages": turn.request["messages"], "tools": turn.request["tools"]})
-    assert tok.json()["tokens"] == turn.prompt_token_ids
+        tok = await e.post("/tokenize", json={"messages": whole.request["messages"], "tools": whole.request["tools"]})
+    assert tok.json()["tokens"] == whole.prompt_token_ids
+    assert whole.relation == "sibling" and whole.parent is None  # the same prompt again: a resample of a root
+
+
+def gated_engine(gate: threading.Event) -> Starlette:
+    """Streams a vLLM-shaped reply, but holds everything after the first chunk until ``gate`` is set."""
+
+    async def chat(request):
+        await request.json()
+
+        async def gen():
+            base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+            first = {**base, "prompt_token_ids": [1, 2, 3]}
+            first["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}]
+            yield "data: " + json.dumps(first) + "\n\n"
+            await asyncio.to_thread(gate.wait, 30)
+            lp = {"content": [{"token": "token_id:7", "logprob": -0.5}]}
+            body = {"index": 0, "delta": {"content": "hi"}, "token_ids": [7], "logprobs": lp, "finish_reason": None}
+            yield "data: " + json.dumps({**base, "choices": [body]}) + "\n\n"
+            lp = {"content": [{"token": "token_id:2", "logprob": -0.25}]}
+            end = {"index": 0, "delta": {}, "token_ids": [2], "logprobs": lp, "finish_reason": "stop"}
+            yield "data: " + json.dumps({**base, "choices": [end]}) + "\n\n"
+            usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+            yield "data: " + json.dumps({**base, "choices": [], "usage": usage}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def test_first_chunk_arrives_before_the_engine_finishes_and_the_end_waits_for_the_store(tmp_path):
+    gate = threading.Event()
+    with Served(gated_engine(gate)) as engine_url:
+        store = CaptureStore(tmp_path / "c.sqlite")
+        proxy = CaptureProxy(store)
+        session, key = proxy.open_session(EngineTarget(engine_url + "/v1", MODEL), max_calls=5, max_tokens=64)
+        with Served(proxy.app()) as proxy_url:
+            async with (
+                httpx.AsyncClient(base_url=proxy_url, headers={"authorization": f"Bearer {key}"}) as c,
+                c.stream("POST", "/v1/chat/completions", json=agent_request()) as r,
+            ):
+                lines = r.aiter_lines()
+                first = await anext(lines)
+                # the agent has its first chunk while the engine still holds the rest back
+                assert json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
+                assert session.turns == []
+                gate.set()
+                rest = [line async for line in lines if line]
+            assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 2
+            (turn,) = session.turns
+            assert turn.prompt_token_ids == [1, 2, 3] and turn.completion_token_ids == [7, 2]
+            assert turn.logprobs == [-0.5, -0.25]
+            assert store.load_session(session.id)["calls"][0]["completion_token_ids"] == [7, 2]
+
+
+class FailingStore(CaptureStore):
+    def add_call(self, *a, **kw):
+        raise OSError("disk full")
+
+
+async def test_a_call_that_cannot_be_stored_is_never_answered_as_a_success(tmp_path):
+    proxy = make_proxy(engine_app(), FailingStore(tmp_path / "c.sqlite"))
+    session, key = open_session(proxy)
+    async with agent(proxy, key) as c:
+        plain = await c.post("/v1/chat/completions", json=agent_request(stream=False))
+        streamed = await c.post("/v1/chat/completions", json=agent_request())
+    assert plain.status_code == 500 and "could not persist" in plain.json()["error"]["message"]
+    events = sse_events(streamed.text)
+    # the finish chunk and [DONE] were held back: the agent sees an error, not a completed reply
+    assert "[DONE]" not in events and "could not persist" in events[-1]["error"]["message"]
+    assert not any(ch.get("finish_reason") for e in events[:-1] for ch in e["choices"])
+    assert session.turns == [] and len(session.errors) == 2
 
 
 async def test_budget_exhausted_reply_is_not_a_turn():
     proxy = make_proxy(engine_app("noop"))
-    session, key = proxy.open_session(EngineTarget("http://engine/v1", MODEL), max_calls=1, max_tokens=64)
+    session, key = open_session(proxy, max_calls=1, max_tokens=64)
     async with agent(proxy, key) as c:
         assert (await c.post("/v1/chat/completions", json=agent_request(stream=False))).status_code == 200
         r = await c.post("/v1/chat/completions", json=agent_request(stream=False))
-    assert r.json()["choices"][0]["finish_reason"] == "stop"
-    assert len(session.turns) == 1 and session.stop_reason == "budget_exhausted"
+        s = await c.post("/v1/chat/completions", json=agent_request())
+    assert r.json()["choices"][0]["finish_reason"] == "stop" and sse_events(s.text)[-1] == "[DONE]"
+    assert len(session.turns) == 1 and session.stop_reason == "budget_exhausted" and session.budget_replies == 2
 
 
 def bad_engine(kind: str) -> Starlette:
     async def chat(request):
+        if (await request.json()).get("stream") and kind in ("no-ids", "usage", "misaligned"):
+            return StreamingResponse(bad_stream(kind), media_type="text/event-stream")
         if kind == "html":
             return HTMLResponse("<html>gateway</html>")
         if kind == "500":
             return JSONResponse({"error": "boom"}, 500)
+        if kind == "usage":
+            lp = {"content": [{"token": "token_id:5", "logprob": -1.0}]}
+            return JSONResponse(
+                {
+                    "prompt_token_ids": [1, 2],
+                    "usage": {"completion_tokens": 3},
+                    "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [5], "logprobs": lp}],
+                }
+            )
+        if kind == "misaligned":
+            lp = {"content": [{"token": "token_id:6", "logprob": -1.0}]}
+            return JSONResponse({"prompt_token_ids": [1], "choices": [{"index": 0, "token_ids": [5], "logprobs": lp}]})
         return JSONResponse(
             {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
         )
@@ -94,15 +231,43 @@ def bad_engine(kind: str) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
+def bad_stream(kind: str):
+    base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+    head = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+    yield "data: " + json.dumps({**base, "choices": [head], **({} if kind == "no-ids" else {"prompt_token_ids": [1]})})
+    yield "\n\n"
+    tid = 6 if kind == "misaligned" else 5
+    lp = {"content": [{"token": f"token_id:{tid}", "logprob": -1.0}]}
+    end = {"index": 0, "delta": {"content": "x"}, "token_ids": [5], "logprobs": lp, "finish_reason": "stop"}
+    yield "data: " + json.dumps({**base, "choices": [end]}) + "\n\n"
+    yield "data: " + json.dumps({**base, "choices": [], "usage": {"completion_tokens": 3 if kind == "usage" else 1}})
+    yield "\n\ndata: [DONE]\n\n"
+
+
 @pytest.mark.parametrize(
-    "kind,status,needle", [("no-ids", 502, "no prompt_token_ids"), ("html", 502, "not JSON"), ("500", 502, "HTTP 500")]
+    "kind,needle",
+    [
+        ("no-ids", "no prompt_token_ids"),
+        ("html", "not JSON"),
+        ("500", "HTTP 500"),
+        ("usage", "reports 3 completion tokens"),
+        ("misaligned", "does not name token 5"),
+    ],
 )
-async def test_engine_garbage_is_an_error_never_a_silent_success(kind, status, needle):
+@pytest.mark.parametrize("stream", [False, True])
+async def test_engine_garbage_is_an_error_never_a_silent_success(kind, needle, stream):
     proxy = make_proxy(bad_engine(kind))
-    session, key = proxy.open_session(EngineTarget("http://engine/v1", MODEL), max_calls=5, max_tokens=64)
+    session, key = open_session(proxy, max_tokens=64)
     async with agent(proxy, key) as c:
-        r = await c.post("/v1/chat/completions", json=agent_request())
-    assert r.status_code == status and needle in r.json()["error"]["message"]
+        r = await c.post("/v1/chat/completions", json=agent_request(stream=stream))
+    if stream and kind == "html":
+        needle = "with text/html; charset=utf-8, not a stream"
+    if stream and kind in ("usage", "misaligned"):  # found at the end of a stream already under way
+        events = sse_events(r.text)
+        assert "[DONE]" not in events and needle in events[-1]["error"]["message"]
+        assert not any(ch.get("finish_reason") for e in events[:-1] for ch in e["choices"])
+    else:  # found before anything reached the agent: a plain HTTP error
+        assert r.status_code == 502 and needle in r.json()["error"]["message"], r.text
     assert session.turns == [] and needle in session.errors[0]
 
 
@@ -113,3 +278,109 @@ async def test_unreachable_engine_is_reported():
         r = await c.post("/v1/chat/completions", json=agent_request())
     await proxy.aclose()
     assert r.status_code == 502 and "unreachable" in session.errors[0]
+
+
+async def test_rewrites_are_reported_as_findings():
+    proxy = make_proxy(engine_app("noop"))
+    session, key = open_session(proxy)
+    tools = json.loads(json.dumps(PI_TOOLS))
+    tools[0]["function"]["parameters"]["$schema"] = "http://json-schema.org/draft-07/schema#"
+    async with agent(proxy, key) as c:
+        assert (await c.post("/v1/chat/completions", json=agent_request(tools=[], stream=False))).status_code == 200
+        assert (await c.post("/v1/chat/completions", json=agent_request(tools=tools))).status_code == 200
+    assert "tools" not in session.turns[0].request and "$schema" not in json.dumps(session.turns[1].request)
+    proxy.close_session(session)
+    codes = {(f.code, f.message.split(" (")[0]) for f in session.findings}
+    assert ("rewrite", "removed an empty tools array") in codes
+    assert ("rewrite", "removed $schema keys from tool parameters") in codes
+
+
+async def test_passthrough_forwards_unchanged_and_captures_nothing():
+    seen: list[dict] = []
+
+    async def chat(request):
+        seen.append(await request.json())
+        return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]})
+
+    proxy = make_proxy(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    session, key = open_session(proxy, passthrough=True)
+    async with agent(proxy, key) as c:
+        r = await c.post("/v1/chat/completions", json=agent_request(stream=False))
+    assert r.json()["choices"][0]["message"]["content"] == "ok"
+    assert seen[0]["model"] == MODEL and "return_token_ids" not in seen[0] and "logprobs" not in seen[0]
+    assert session.calls == 1 and session.turns == []
+    proxy.close_session(session)
+    assert not [f for f in session.findings if f.severity == "fatal"]
+
+
+async def test_no_calls_is_a_fatal_finding():
+    proxy = make_proxy(engine_app())
+    session, _ = open_session(proxy)
+    proxy.close_session(session)
+    assert [f.code for f in session.findings if f.severity == "fatal"] == ["no_model_calls"]
+
+
+async def test_session_is_durable_and_reads_back_after_a_restart(tmp_path):
+    path = tmp_path / "capture.sqlite"
+    proxy = make_proxy(engine_app(), CaptureStore(path))
+    session, key = open_session(proxy, session_id="rollout-abc", sampling={"seed": 3})
+    async with agent(proxy, key) as c:
+        first = await c.post("/v1/chat/completions", json=agent_request(stream=False))
+        msg = first.json()["choices"][0]["message"]
+        follow = agent_request(stream=False)
+        follow["messages"] += [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "ok"}]
+        assert (await c.post("/v1/chat/completions", json=follow)).status_code == 200
+    # the server dies here: the session was never closed
+    restarted = CaptureStore(path)
+    assert restarted.abandon_open() == ["rollout-abc"]
+    data = restarted.load_session("rollout-abc")
+    assert data["state"] == "abandoned" and data["meta"]["sampling"] == {"seed": 3}
+    assert "api_key" not in json.dumps(data["meta"])
+    for stored, turn in zip(data["calls"], session.turns, strict=True):
+        assert stored["prompt_token_ids"] == turn.prompt_token_ids
+        assert stored["completion_token_ids"] == turn.completion_token_ids
+        assert stored["logprobs"] == pytest.approx(turn.logprobs, abs=1e-6)  # float32 on disk
+        assert stored["request"]["messages"] == turn.request["messages"]
+    assert session.turns[1].parent == 0 and session.turns[1].relation in ("extends", "drift")
+    tokens = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in session.turns)
+    assert restarted.stored_bytes("rollout-abc") <= 10 * tokens
+    doc = CaptureProxy(restarted).export("rollout-abc")
+    assert [t["parent"] for t in doc["turns"]] == [None, 0] and doc["provenance"]["seed"] == 3
+    assert doc["sequences"] and all(len(s["token_ids"]) == len(s["loss_mask"]) for s in doc["sequences"])
+
+
+async def test_admin_api_needs_the_admin_key_and_pushes_calls(monkeypatch):
+    monkeypatch.setenv("SWE_GYM_ADMIN_KEY", "adm-secret")
+    proxy = make_proxy(engine_app())
+    async with agent(proxy, None, admin=True) as c:
+        assert (await c.get("/sessions")).status_code == 401
+        spec = {"engine_url": "http://engine/v1", "served_model": MODEL, "engine_api_key": "sk-upstream"}
+        assert (await c.post("/sessions", json=spec)).status_code == 401
+        c.headers["authorization"] = "Bearer adm-secret"
+        made = (await c.post("/sessions", json=spec)).json()
+        sid, key = made["id"], made["key"]
+        listing = await c.get("/sessions")
+        assert sid in [s["id"] for s in listing.json()["sessions"]] and "sk-upstream" not in listing.text
+        assert key not in listing.text
+        session = proxy.get_session(sid)
+        queue: asyncio.Queue = asyncio.Queue()
+        session.subscribers.append(queue)
+    async with agent(proxy, key) as a:
+        assert (await a.post("/v1/chat/completions", json=agent_request(stream=False))).status_code == 200
+    event = queue.get_nowait()
+    assert event["type"] == "turn" and event["index"] == 0 and event["completion_tokens"] > 0
+    async with agent(proxy, "adm-secret", admin=True) as c:
+        detail = (await c.get(f"/sessions/{sid}")).json()
+        assert detail["turns"] == 1 and detail["calls"][0]["prompt_tokens"] > 0
+        assert (await c.delete(f"/sessions/{sid}")).json()["state"] == "closed"
+        doc = (await c.get(f"/sessions/{sid}/export")).json()
+        assert doc["turns"][0]["tool_calls"][0]["name"] == "edit" and doc["turns"][0]["role"] == "agent"
+        assert "sk-upstream" not in json.dumps(doc)
+    async with agent(proxy, key) as a:  # closed: the key is dead
+        assert (await a.post("/v1/chat/completions", json=agent_request(stream=False))).status_code == 401
+
+
+async def test_agent_facing_app_serves_no_admin_routes():
+    proxy = make_proxy(engine_app())
+    async with agent(proxy, None) as c:
+        assert (await c.get("/sessions")).status_code == 404

@@ -1,0 +1,258 @@
+"""The OpenAI chat-completions dialect of the capture proxy: request rewriting, reply validation, SSE.
+
+Another dialect (OpenAI Responses, Anthropic Messages) is another module with the same four jobs: rewrite the
+agent's request for the engine with token capture forced on, read a captured call out of a reply (or a stream of
+chunks), and answer the agent in its own format (JSON or SSE).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+CAPTURE_ONLY_KEYS = ("prompt_token_ids", "token_ids", "prompt_logprobs", "kv_transfer_params")
+
+
+class DialectError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class CapturedCall:
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    message: dict  # the assistant message: role, content, tool_calls
+    finish_reason: str | None
+    usage: dict | None
+
+
+def _strip_schema(node: Any) -> int:
+    """Remove JSON-schema `$schema` keys (some engines reject them) in place; returns how many."""
+    n = 0
+    if isinstance(node, dict):
+        if "$schema" in node:
+            del node["$schema"]
+            n += 1
+        for v in node.values():
+            n += _strip_schema(v)
+    elif isinstance(node, list):
+        for v in node:
+            n += _strip_schema(v)
+    return n
+
+
+def upstream_body(
+    body: dict, *, served_model: str, max_tokens: int, sampling: dict, stream: bool, capture: bool = True
+) -> tuple[dict, list[str]]:
+    """The request as the engine gets it, and the rewrites made (reported as findings)."""
+    up = copy.deepcopy(body)
+    rewrites: list[str] = []
+    up["model"] = served_model
+    if up.get("tools") == []:
+        del up["tools"]
+        up.pop("tool_choice", None)
+        rewrites.append("removed an empty tools array (engines reject it)")
+    if isinstance(up.get("tools"), list) and _strip_schema(up["tools"]):
+        rewrites.append("removed $schema keys from tool parameters")
+    if not capture:
+        return up, rewrites
+    up["stream"] = stream
+    if stream:
+        up["stream_options"] = {"include_usage": True}
+    else:
+        up.pop("stream_options", None)
+    up["return_token_ids"] = True
+    up["logprobs"] = True
+    up["top_logprobs"] = max(1, min(int(up.get("top_logprobs") or 1), 20))
+    up["return_tokens_as_token_ids"] = True
+    up.update(sampling)
+    for k in ("max_completion_tokens", "max_tokens"):
+        if k in up:
+            up[k] = min(int(up[k]), max_tokens)
+    if "max_completion_tokens" not in up and "max_tokens" not in up:
+        up["max_tokens"] = max_tokens
+    return up, rewrites
+
+
+def _int_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+
+def check_ids(prompt_ids: Any, ids: Any, content: Any) -> list[float]:
+    """Validate a call's ids and logprobs; returns the logprobs. Anything off is an error, never a success."""
+    if not _int_list(prompt_ids) or not prompt_ids:
+        raise DialectError(502, "engine returned no prompt_token_ids (is it vLLM >= 0.10.2?)")
+    if not _int_list(ids) or not ids:
+        raise DialectError(502, "engine returned no completion token_ids")
+    if not isinstance(content, list) or len(content) != len(ids):
+        raise DialectError(502, f"engine returned {len(content or [])} logprobs for {len(ids)} tokens")
+    lps = []
+    for i, (tid, entry) in enumerate(zip(ids, content, strict=True)):
+        if not isinstance(entry, dict) or entry.get("token") != f"token_id:{tid}":
+            raise DialectError(502, f"logprob entry {i} does not name token {tid} (need --return-tokens-as-token-ids)")
+        lp = entry.get("logprob")
+        if not isinstance(lp, int | float) or isinstance(lp, bool) or lp > 0:
+            raise DialectError(502, f"logprob entry {i} is not a log-probability: {lp!r}")
+        lps.append(float(lp))
+    return lps
+
+
+def call_from_reply(data: Any) -> CapturedCall:
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise DialectError(502, "engine reply has no choices")
+    choice = data["choices"][0]
+    if not isinstance(choice, dict):
+        raise DialectError(502, "engine reply choice is not an object")
+    content = (choice.get("logprobs") or {}).get("content")
+    lps = check_ids(data.get("prompt_token_ids"), choice.get("token_ids"), content)
+    msg = choice.get("message") or {}
+    return CapturedCall(
+        prompt_token_ids=data["prompt_token_ids"],
+        completion_token_ids=choice["token_ids"],
+        logprobs=lps,
+        message={"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls") or []},
+        finish_reason=choice.get("finish_reason"),
+        usage=data.get("usage"),
+    )
+
+
+@dataclass
+class StreamAccumulator:
+    """Reassembles a streamed reply (vLLM: prompt ids in the first chunk, token ids and logprobs per chunk)."""
+
+    prompt_token_ids: Any = None
+    token_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    chunks: int = 0
+
+    def add(self, chunk: dict) -> None:
+        self.chunks += 1
+        if "prompt_token_ids" in chunk and chunk["prompt_token_ids"] is not None:
+            self.prompt_token_ids = chunk["prompt_token_ids"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            ids = choice.get("token_ids")
+            if ids is not None:
+                if not _int_list(ids):
+                    raise DialectError(502, "engine streamed token_ids that are not integers")
+                self.token_ids.extend(ids)
+            lp = (choice.get("logprobs") or {}).get("content")
+            if lp:
+                self.logprobs.extend(lp)
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            for tc in delta.get("tool_calls") or []:
+                slot = self.tool_calls.setdefault(
+                    int(tc.get("index", 0)), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                if tc.get("id"):
+                    slot["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                if fn.get("name"):
+                    slot["function"]["name"] += fn["name"]
+                if fn.get("arguments"):
+                    slot["function"]["arguments"] += fn["arguments"]
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def call(self) -> CapturedCall:
+        lps = check_ids(self.prompt_token_ids, self.token_ids, self.logprobs)
+        calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return CapturedCall(
+            prompt_token_ids=self.prompt_token_ids,
+            completion_token_ids=self.token_ids,
+            logprobs=lps,
+            message={"role": "assistant", "content": "".join(self.content) or None, "tool_calls": calls},
+            finish_reason=self.finish_reason,
+            usage=self.usage,
+        )
+
+
+def agent_chunk(chunk: dict, model: Any) -> dict:
+    """A streamed chunk as the agent gets it: capture-only fields removed, its own model name back."""
+    out = {k: v for k, v in chunk.items() if k not in CAPTURE_ONLY_KEYS}
+    out["model"] = model or out.get("model")
+    choices = []
+    for c in out.get("choices") or []:
+        if isinstance(c, dict):
+            c = {k: v for k, v in c.items() if k not in CAPTURE_ONLY_KEYS and k != "logprobs"}
+        choices.append(c)
+    out["choices"] = choices
+    return out
+
+
+def sse(data: dict | str) -> bytes:
+    return b"data: " + (data if isinstance(data, str) else json.dumps(data)).encode() + b"\n\n"
+
+
+def reply_json(model: Any, msg: dict, finish: str | None, usage: dict | None) -> dict:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model or "capture",
+        "usage": usage,
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+    }
+
+
+def sse_replay(model: Any, msg: dict, finish: str | None, usage: dict | None) -> Iterator[bytes]:
+    """A faithful stream of a complete reply: role, content, incremental tool_calls, finish, usage, [DONE]."""
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or "capture"}
+
+    def event(choices: list, **extra) -> bytes:
+        return sse({**base, "object": "chat.completion.chunk", "choices": choices, **extra})
+
+    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    if msg.get("content"):
+        yield event([{"index": 0, "delta": {"content": msg["content"]}, "finish_reason": None}])
+    for i, call in enumerate(msg.get("tool_calls") or []):
+        fn = call.get("function") or {}
+        head = {
+            "index": i,
+            "id": call.get("id") or f"call_{i}",
+            "type": "function",
+            "function": {"name": fn.get("name"), "arguments": ""},
+        }
+        yield event([{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}])
+        args = {"index": i, "function": {"arguments": fn.get("arguments") or ""}}
+        yield event([{"index": 0, "delta": {"tool_calls": [args]}, "finish_reason": None}])
+    yield event([{"index": 0, "delta": {}, "finish_reason": finish or "stop"}])
+    if usage is not None:
+        yield event([], usage=usage)
+    yield sse("[DONE]")
+
+
+def error_body(status: int, message: str) -> dict:
+    return {"error": {"message": message, "type": "capture_proxy_error", "code": status}}
+
+
+def decoded_tool_calls(message: dict) -> list[dict]:
+    """Tool calls with their JSON-string arguments decoded (left as the raw string where they do not parse)."""
+    out = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            parsed = args
+        out.append({"id": call.get("id"), "name": fn.get("name"), "arguments": parsed})
+    return out

@@ -1,0 +1,195 @@
+"""Durable capture: every call is written to SQLite before its reply goes back to the agent.
+
+One database per server data dir. Token ids are stored as int32 and logprobs as float32 blobs; a prompt is stored as
+(base call, shared prefix length, the rest), so a long conversation costs its new tokens, not its whole history on
+every call. Messages likewise: only those past the previous call's are stored. A session can be read back after a
+server restart (`load_session`), with its calls, findings and state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    state TEXT NOT NULL,          -- open | closed | abandoned (the server died while it was open)
+    meta TEXT NOT NULL,           -- engine (no key), sampling, budgets, labels, provenance
+    closed REAL,
+    stop_reason TEXT,
+    findings TEXT NOT NULL DEFAULT '[]',
+    errors TEXT NOT NULL DEFAULT '[]',
+    budget_replies INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS calls (
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    at REAL NOT NULL,
+    base INTEGER,                 -- earlier call whose ids this prompt shares a prefix with
+    shared INTEGER NOT NULL,      -- length of that prefix
+    prompt_rest BLOB NOT NULL,    -- int32, the prompt after the shared prefix
+    completion BLOB NOT NULL,     -- int32
+    logprobs BLOB NOT NULL,       -- float32
+    finish_reason TEXT,
+    streamed INTEGER NOT NULL,
+    wall_s REAL NOT NULL,
+    keep_messages INTEGER NOT NULL,  -- leading messages equal to the previous call's
+    new_messages TEXT NOT NULL,      -- JSON list: the rest
+    request TEXT NOT NULL,           -- JSON: the upstream request without messages
+    response TEXT NOT NULL,          -- JSON: the assistant message returned to the agent
+    PRIMARY KEY (session_id, idx)
+);
+"""
+
+
+def _digest(message: Any) -> bytes:
+    return hashlib.blake2b(json.dumps(message, sort_keys=True).encode(), digest_size=16).digest()
+
+
+class CaptureStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash; fsync at checkpoints
+        self.db.executescript(SCHEMA)
+        self._last_messages: dict[str, list[bytes]] = {}
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- writing -----------------------------------------------------------------------------------------------
+    def open_session(self, session_id: str, meta: dict) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO sessions (id, created, state, meta) VALUES (?, ?, 'open', ?)",
+            (session_id, time.time(), json.dumps(meta)),
+        )
+
+    def add_call(
+        self,
+        session_id: str,
+        idx: int,
+        *,
+        base: int | None,
+        shared: int,
+        prompt: np.ndarray,
+        completion: np.ndarray,
+        logprobs: np.ndarray,
+        finish_reason: str | None,
+        streamed: bool,
+        wall_s: float,
+        request: dict,
+        response: dict,
+    ) -> None:
+        messages = request.get("messages") or []
+        digests = [_digest(m) for m in messages]
+        prev = self._last_messages.get(session_id, [])
+        keep = 0
+        while keep < min(len(prev), len(digests)) and prev[keep] == digests[keep]:
+            keep += 1
+        self._last_messages[session_id] = digests
+        self.db.execute(
+            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                idx,
+                time.time(),
+                base,
+                shared,
+                prompt[shared:].astype(np.int32).tobytes(),
+                completion.astype(np.int32).tobytes(),
+                logprobs.astype(np.float32).tobytes(),
+                finish_reason,
+                int(streamed),
+                wall_s,
+                keep,
+                json.dumps(messages[keep:]),
+                json.dumps({k: v for k, v in request.items() if k != "messages"}),
+                json.dumps(response),
+            ),
+        )
+
+    def update_session(self, session_id: str, **fields: Any) -> None:
+        cols = {k: json.dumps(v) if k in ("findings", "errors", "meta") else v for k, v in fields.items()}
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        self.db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", (*cols.values(), session_id))
+
+    def close_session(self, session_id: str, **fields: Any) -> None:
+        self.update_session(session_id, state="closed", closed=time.time(), **fields)
+        self._last_messages.pop(session_id, None)
+
+    def abandon_open(self) -> list[str]:
+        """At startup: sessions a dead server left open. They stay readable, marked abandoned."""
+        ids = [r[0] for r in self.db.execute("SELECT id FROM sessions WHERE state = 'open'")]
+        self.db.execute("UPDATE sessions SET state = 'abandoned', closed = ? WHERE state = 'open'", (time.time(),))
+        return ids
+
+    # -- reading -----------------------------------------------------------------------------------------------
+    def session_ids(self, limit: int = 100) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT id FROM sessions ORDER BY created DESC LIMIT ?", (limit,))]
+
+    def load_session(self, session_id: str) -> dict | None:
+        row = self.db.execute(
+            "SELECT created, state, meta, closed, stop_reason, findings, errors, budget_replies FROM sessions "
+            "WHERE id = ?",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        created, state, meta, closed, stop_reason, findings, errors, budget_replies = row
+        calls = []
+        seqs: list[np.ndarray] = []
+        messages: list[Any] = []
+        for r in self.db.execute(
+            "SELECT idx, at, base, shared, prompt_rest, completion, logprobs, finish_reason, streamed, wall_s, "
+            "keep_messages, new_messages, request, response FROM calls WHERE session_id = ? ORDER BY idx",
+            (session_id,),
+        ):
+            idx, at, base, shared, rest, comp, lps, finish, streamed, wall, keep, new, request, response = r
+            head = seqs[base][:shared] if base is not None else np.empty(0, np.int32)
+            prompt = np.concatenate([head, np.frombuffer(rest, np.int32)])
+            completion = np.frombuffer(comp, np.int32)
+            seqs.append(np.concatenate([prompt, completion]))
+            messages = messages[:keep] + json.loads(new)
+            calls.append(
+                {
+                    "index": idx,
+                    "at": at,
+                    "prompt_token_ids": prompt.tolist(),
+                    "completion_token_ids": completion.tolist(),
+                    "logprobs": np.frombuffer(lps, np.float32).astype(float).tolist(),
+                    "finish_reason": finish,
+                    "streamed": bool(streamed),
+                    "wall_s": wall,
+                    "request": {**json.loads(request), "messages": list(messages)},
+                    "response_message": json.loads(response),
+                }
+            )
+        return {
+            "id": session_id,
+            "created": created,
+            "state": state,
+            "meta": json.loads(meta),
+            "closed": closed,
+            "stop_reason": stop_reason,
+            "findings": json.loads(findings),
+            "errors": json.loads(errors),
+            "budget_replies": budget_replies,
+            "calls": calls,
+        }
+
+    def stored_bytes(self, session_id: str) -> int:
+        row = self.db.execute(
+            "SELECT SUM(LENGTH(prompt_rest) + LENGTH(completion) + LENGTH(logprobs)) FROM calls WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        return int(row[0] or 0)

@@ -1,0 +1,167 @@
+"""The capture proxy's HTTP client to engines: one small interface, two implementations.
+
+aiohttp is the default: measured with `swe-gym-env bench capture` (direct vs through /capture, 256 concurrent
+sessions), it kept up where httpx's connection pool spent its CPU scanning (NOTES §1 saw the same). httpx stays
+available (`SWE_GYM_UPSTREAM=httpx`) so the bench can compare them in one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+
+class UpstreamError(Exception):
+    """The engine could not be reached or did not answer in time."""
+
+    def __init__(self, message: str, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class StreamReply(Protocol):
+    status: int
+    content_type: str
+
+    async def body(self) -> bytes: ...
+
+    def lines(self) -> AsyncIterator[bytes]: ...
+
+
+class Upstream(Protocol):
+    async def post(self, url: str, body: dict, headers: dict[str, str], timeout: float) -> tuple[int, bytes]: ...
+
+    def stream(self, url: str, body: dict, headers: dict[str, str], timeout: float): ...  # async ctx -> StreamReply
+
+    async def aclose(self) -> None: ...
+
+
+class AiohttpUpstream:
+    def __init__(self, max_connections: int = 1024) -> None:
+        self._session = None
+        self._limit = max_connections
+
+    def _client(self):
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
+                json_serialize=json.dumps,
+            )
+        return self._session
+
+    async def post(self, url: str, body: dict, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+        import aiohttp
+
+        try:
+            async with self._client().post(
+                url, data=json.dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as r:
+                return r.status, await r.read()
+        except TimeoutError as e:
+            raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
+        except aiohttp.ClientError as e:
+            raise UpstreamError(f"engine unreachable: {type(e).__name__}: {e}") from e
+
+    @asynccontextmanager
+    async def stream(self, url: str, body: dict, headers: dict[str, str], timeout: float):
+        import aiohttp
+
+        try:
+            async with self._client().post(
+                url,
+                data=json.dumps(body),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_read=timeout),
+            ) as r:
+                yield _AiohttpStream(r)
+        except TimeoutError as e:
+            raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
+        except aiohttp.ClientError as e:
+            raise UpstreamError(f"engine unreachable: {type(e).__name__}: {e}") from e
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class _AiohttpStream:
+    def __init__(self, r) -> None:
+        self._r = r
+        self.status = r.status
+        self.content_type = r.headers.get("content-type", "")
+
+    async def body(self) -> bytes:
+        return await self._r.read()
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        async for line in self._r.content:
+            yield line
+
+
+class HttpxUpstream:
+    def __init__(self, max_connections: int = 1024, client=None) -> None:
+        import httpx
+
+        self._client = client or httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        )
+
+    async def post(self, url: str, body: dict, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+        import httpx
+
+        try:
+            r = await self._client.post(url, content=json.dumps(body), headers=headers, timeout=timeout)
+        except httpx.TimeoutException as e:
+            raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"engine unreachable: {type(e).__name__}: {e}") from e
+        return r.status_code, r.content
+
+    @asynccontextmanager
+    async def stream(self, url: str, body: dict, headers: dict[str, str], timeout: float):
+        import httpx
+
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._client.stream(
+                    "POST", url, content=json.dumps(body), headers=headers, timeout=timeout
+                ) as r:
+                    yield _HttpxStream(r)
+        except (httpx.TimeoutException, TimeoutError) as e:
+            raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"engine unreachable: {type(e).__name__}: {e}") from e
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _HttpxStream:
+    def __init__(self, r) -> None:
+        self._r = r
+        self.status = r.status_code
+        self.content_type = r.headers.get("content-type", "")
+
+    async def body(self) -> bytes:
+        return await self._r.aread()
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        async for line in self._r.aiter_lines():
+            yield line.encode()
+
+
+UPSTREAMS = {"aiohttp": AiohttpUpstream, "httpx": HttpxUpstream}
+
+
+def make_upstream(name: str | None = None) -> Upstream:
+    name = name or os.environ.get("SWE_GYM_UPSTREAM", "aiohttp")
+    if name not in UPSTREAMS:
+        raise ValueError(f"unknown upstream client {name!r}; known: {sorted(UPSTREAMS)}")
+    return UPSTREAMS[name]()

@@ -1,0 +1,258 @@
+"""Who may start work and who may administer, and the limits that keep a public Space from being abused.
+
+Everything comes from the environment (on a Space: Space variables and secrets). Tokens are compared in constant
+time and are never logged, returned or put in a tool schema. When no access token is configured (a local,
+loopback-only server) starting work is open.
+
+- ``SWE_GYM_ACCESS_TOKEN``: needed to start work (run_rollout over MCP and /ws, cancel, UI runs).
+- ``SWE_GYM_ADMIN_KEY``: needed for admin routes (capture sessions); it also grants access. With an access token
+  but no admin key, admin routes are closed.
+- ``SWE_GYM_ENGINE_URL_ALLOWLIST``: comma-separated URL prefixes a caller may name as ``engine_url`` (scheme, host
+  and port must match exactly, the path on a segment boundary); ``*`` allows any. ``SWE_GYM_ALLOW_ENGINE_URLS=1``
+  is the older spelling of ``*``. Empty: only the server's named engines.
+- ``SWE_GYM_RATE_LIMIT_PER_MIN``: work-starting calls per minute per presented key (a token bucket, bursts of the
+  same size). Default 60 when an access token is configured, else off; ``0`` turns it off.
+- ``SWE_GYM_MAX_REQUEST_BYTES``: largest HTTP request body the server reads (default 16 MiB): see BodySizeLimit.
+
+The presented token reaches a tool in one of two ways: real MCP over HTTP carries it in the request's
+``Authorization: Bearer`` header (fastmcp exposes the request); OpenEnv's paths (/ws, bare JSON-RPC on /mcp) call
+tools in process, so they put the header's token in ``caller_token`` first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import threading
+import time
+from contextvars import ContextVar
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+ACCESS_ENV = "SWE_GYM_ACCESS_TOKEN"
+ADMIN_ENV = "SWE_GYM_ADMIN_KEY"
+ALLOWLIST_ENV = "SWE_GYM_ENGINE_URL_ALLOWLIST"
+LEGACY_ALLOW_ENV = "SWE_GYM_ALLOW_ENGINE_URLS"
+RATE_ENV = "SWE_GYM_RATE_LIMIT_PER_MIN"
+MAX_BODY_ENV = "SWE_GYM_MAX_REQUEST_BYTES"
+DEFAULT_RATE_WITH_TOKEN = 60
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+ACCESS_REFUSED = "access token required: send `Authorization: Bearer <token>` (the Space secret SWE_GYM_ACCESS_TOKEN)"
+
+caller_token: ContextVar[str | None] = ContextVar("swe_gym_caller_token", default=None)
+
+
+def _configured(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def _same(presented: str | None, expected: str) -> bool:
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def admin_ok(presented: str | None) -> bool:
+    """True when ``presented`` is the admin key; with no admin key configured, only on an open server (no access
+    token either): a deployment that guards work but forgot the admin key keeps its admin routes closed."""
+    expected = _configured(ADMIN_ENV)
+    if expected is None:
+        return not access_required()
+    return _same(presented, expected)
+
+
+def access_ok(presented: str | None) -> bool:
+    """True when no access token is configured, or ``presented`` is the access token or the admin key."""
+    token, admin = _configured(ACCESS_ENV), _configured(ADMIN_ENV)
+    if token is None:
+        return True
+    return _same(presented, token) or (admin is not None and _same(presented, admin))
+
+
+def access_required() -> bool:
+    return _configured(ACCESS_ENV) is not None
+
+
+def bearer(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer …`` header value."""
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip() or None
+    return None
+
+
+def presented_token() -> str | None:
+    """The caller's bearer token: from the live MCP HTTP request, else what an in-process transport set."""
+    from fastmcp.server.dependencies import get_http_headers
+
+    token = bearer(get_http_headers(include={"authorization"}).get("authorization"))
+    return token if token is not None else caller_token.get()
+
+
+# -- starting work: access + rate ------------------------------------------------------------------------------
+class RateLimiter:
+    """A token bucket per key: ``per_minute`` calls a minute, bursts up to ``per_minute``. Keys are hashed, and at
+    most ``max_keys`` buckets are kept (full ones are dropped first). Thread-safe and loop-agnostic."""
+
+    def __init__(self, per_minute: int, max_keys: int = 10_000, clock=time.monotonic) -> None:
+        self.per_minute = per_minute
+        self.max_keys = max_keys
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key hash -> (tokens, updated_at)
+        self._lock = threading.Lock()
+
+    def check(self, key: str) -> float | None:
+        """Take one call for ``key``: None if allowed, else the seconds until the next call would be."""
+        rate = self.per_minute / 60.0
+        h = hashlib.sha256(key.encode()).hexdigest()
+        with self._lock:
+            now = self._clock()
+            tokens, at = self._buckets.get(h, (float(self.per_minute), now))
+            tokens = min(float(self.per_minute), tokens + (now - at) * rate)
+            if tokens < 1.0:
+                self._buckets[h] = (tokens, now)
+                return (1.0 - tokens) / rate
+            self._buckets[h] = (tokens - 1.0, now)
+            if len(self._buckets) > self.max_keys:
+                self._evict(now, rate)
+            return None
+
+    def _evict(self, now: float, rate: float) -> None:
+        full = [k for k, (t, at) in self._buckets.items() if t + (now - at) * rate >= self.per_minute]
+        for k in full or sorted(self._buckets, key=lambda k: self._buckets[k][1])[: len(self._buckets) // 10 + 1]:
+            del self._buckets[k]
+
+
+_limiter: RateLimiter | None = None
+_limiter_lock = threading.Lock()
+
+
+def rate_per_minute() -> int:
+    raw = os.environ.get(RATE_ENV, "").strip()
+    if raw:
+        return max(0, int(raw))
+    return DEFAULT_RATE_WITH_TOKEN if access_required() else 0
+
+
+def limiter() -> RateLimiter | None:
+    """The process's limiter for the configured rate (None when off); rebuilt if the setting changes."""
+    global _limiter
+    per_minute = rate_per_minute()
+    if per_minute <= 0:
+        return None
+    with _limiter_lock:
+        if _limiter is None or _limiter.per_minute != per_minute:
+            _limiter = RateLimiter(per_minute)
+        return _limiter
+
+
+def start_refusal(presented: str | None) -> str | None:
+    """Why a caller presenting ``presented`` may not start work now, or None if it may."""
+    if not access_ok(presented):
+        return ACCESS_REFUSED
+    lim = limiter()
+    if lim is not None:
+        wait = lim.check("key:" + presented if presented else "anonymous")
+        if wait is not None:
+            return f"rate limit: at most {lim.per_minute} calls a minute per key; retry in {math.ceil(wait)} s"
+    return None
+
+
+# -- engine URLs ----------------------------------------------------------------------------------------------
+def engine_allowlist() -> tuple[str, ...]:
+    raw = os.environ.get(ALLOWLIST_ENV, "")
+    prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+    if os.environ.get(LEGACY_ALLOW_ENV, "") == "1":
+        prefixes = (*prefixes, "*")
+    return prefixes
+
+
+def _parts(url: str) -> tuple[str, str, int, list[str]] | None:
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or not u.hostname or u.username or u.password or u.query or u.fragment:
+        return None
+    port = port or (443 if u.scheme == "https" else 80)
+    return u.scheme, u.hostname.lower(), port, [s for s in u.path.split("/") if s]
+
+
+def engine_url_allowed(url: str, allowlist: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``url`` falls under one of the prefixes: same scheme, host and port; path prefix by segments."""
+    if "*" in allowlist:
+        return _parts(url) is not None
+    got = _parts(url)
+    if got is None:
+        return False
+    for prefix in allowlist:
+        want = _parts(prefix)
+        if want is not None and got[:3] == want[:3] and got[3][: len(want[3])] == want[3]:
+            return True
+    return False
+
+
+# -- request size -----------------------------------------------------------------------------------------------
+def max_request_bytes() -> int:
+    return int(os.environ.get(MAX_BODY_ENV, "") or DEFAULT_MAX_BODY)
+
+
+class BodySizeLimit:
+    """ASGI middleware: an HTTP request whose body is over ``max_bytes`` gets 413 (by Content-Length before the
+    app runs, or as soon as the streamed body passes the limit). Websockets and lifespan pass through."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int | None = None) -> None:
+        self.app = app
+        self.max_bytes = max_request_bytes() if max_bytes is None else max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for k, v in scope.get("headers") or []:
+            if k == b"content-length" and (not v.isdigit() or int(v) > self.max_bytes):
+                await _too_large(send, self.max_bytes)
+                return
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooLarge:
+            if not started:
+                await _too_large(send, self.max_bytes)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = f'{{"detail":"request body over {limit} bytes"}}'.encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- admin routes -----------------------------------------------------------------------------------------------
+def require_admin(authorization: str | None) -> None:
+    """For admin routes (FastAPI: call it with the request's Authorization header): 401 unless the admin key."""
+    from fastapi import HTTPException
+
+    if not admin_ok(bearer(authorization)):
+        raise HTTPException(401, "admin key required", headers={"WWW-Authenticate": "Bearer"})
