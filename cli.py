@@ -44,7 +44,13 @@ def cmd_engine(args: argparse.Namespace) -> int:
     from swe_gym_env.server.engine.policy import make_policy
 
     policy = make_policy(args.policy)
-    engine = Engine(ChatRenderer(tokenizer_file()), policy, args.served_model_name)
+    engine = Engine(
+        ChatRenderer(tokenizer_file()),
+        policy,
+        args.served_model_name,
+        delay_s=args.delay_s,
+        max_model_len=args.max_model_len,
+    )
     print(
         f"swe-gym-env built-in engine on 127.0.0.1:{args.port} — NOT a model: policy '{policy.name}' replays "
         f"scripted replies; tokenizer and template are real (SmolLM2, ChatML+tools).",
@@ -64,8 +70,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
     if args.engine_model:
         os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
-    uvicorn.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port, log_level="warning")
+    from swe_gym_env.server.vllm_launcher import vllm_engine
+
+    with vllm_engine(args):  # --vllm-model: vLLM with the capture flags becomes the default engine
+        uvicorn.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from swe_gym_env.space_app.push import push
+
+    return push(
+        args.repo_id,
+        dry_run=args.dry_run,
+        hardware=args.hardware,
+        private=args.private,
+        hf_sandboxes=args.hf_sandboxes,
+        open_access=args.open,
+        extra_vars=args.var,
+    )
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -201,6 +224,43 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_parity(argv: list[str]) -> int:
+    """Trainer-side logprob parity (client/parity.py). It needs torch + transformers: where this interpreter lacks
+    them, re-run it with the trainer venv's ($SWE_GYM_TRAINER_PYTHON, else .trl-venv/bin/python)."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        from swe_gym_env.client.parity import main as parity_main
+
+        return parity_main(argv)
+    trainer = os.environ.get("SWE_GYM_TRAINER_PYTHON") or str(Path(__file__).resolve().parent / ".trl-venv/bin/python")
+    if not os.access(trainer, os.X_OK):
+        print(
+            f"parity needs torch + transformers, missing here and no trainer venv at {trainer}: run "
+            "`bash scripts/setup_trl.sh` (or set SWE_GYM_TRAINER_PYTHON to a python that has them)",
+            file=sys.stderr,
+        )
+        return 2
+    return subprocess.run([trainer, "-m", "swe_gym_env.client.parity", *argv]).returncode
+
+
+BENCHES = {
+    "capture": "direct engine calls vs the same calls through /capture (latency, calls/s, time to first token)",
+    "graph": "rollout-graph ingest and bytes per stored token as a rollout grows",
+    "rollouts": "concurrent rollouts (built-in engine, local sandbox): success, wall time, time outside the agent",
+    "server": "server startup time and idle memory, against a bare Python process",
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    mod = importlib.import_module(f"swe_gym_env.server.bench.{args.bench}")
+    kwargs = {"clients": tuple(args.clients.split(","))} if args.bench == "capture" else {}
+    return mod.run(args.json, quick=args.quick, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -212,13 +272,37 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--port", type=int, default=8001)
     e.add_argument("--policy", default="oracle", help="oracle | noop | script:FILE")
     e.add_argument("--served-model-name", default=DEFAULT_MODEL)
+    e.add_argument(
+        "--delay-s",
+        type=float,
+        default=float(os.environ.get("SWE_GYM_ENGINE_DELAY_S", "0")),
+        help="wait this long before each reply (default $SWE_GYM_ENGINE_DELAY_S or 0)",
+    )
+    e.add_argument(
+        "--max-model-len",
+        type=int,
+        default=int(os.environ.get("SWE_GYM_ENGINE_MAX_MODEL_LEN", "8192")),
+        help="context length the engine enforces (default $SWE_GYM_ENGINE_MAX_MODEL_LEN or SmolLM2's 8192)",
+    )
     e.set_defaults(func=cmd_engine)
     v = sub.add_parser("serve", help="the server: /mcp, /capture, /health")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--engine-url", help="OpenAI-compatible base URL (…/v1); default $SWE_GYM_ENGINE_URL or :8001")
     v.add_argument("--engine-model", help="served model name; default $SWE_GYM_ENGINE_MODEL or " + DEFAULT_MODEL)
+    from swe_gym_env.server.vllm_launcher import add_arguments as add_vllm_arguments
+
+    add_vllm_arguments(v)
     v.set_defaults(func=cmd_serve)
+    ps = sub.add_parser("push", help="create or update a Hugging Face Space running this server")
+    ps.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
+    ps.add_argument("--dry-run", action="store_true", help="print exactly what would be sent (secrets redacted)")
+    ps.add_argument("--hardware", help="Space hardware, e.g. cpu-upgrade, t4-small, a10g-small")
+    ps.add_argument("--private", action="store_true", help="a private Space (refused with --hf-sandboxes)")
+    ps.add_argument("--hf-sandboxes", action="store_true", help="rollouts in HF Sandboxes: sends an HF token secret")
+    ps.add_argument("--open", action="store_true", help="no access token: anyone may start rollouts")
+    ps.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="a Space variable (repeatable)")
+    ps.set_defaults(func=cmd_push)
     d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
     d.add_argument("--harness", default="pi", choices=["pi"])
     d.add_argument("--policy", default="oracle")
@@ -250,9 +334,22 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--to-hub", metavar="REPO", help="also upload to this Hub dataset repo (token: $HF_TOKEN)")
     x.add_argument("--only-ok", action="store_true", help="skip rollouts with ok=false")
     x.set_defaults(func=cmd_export)
+    b = sub.add_parser("bench", help="benchmarks against a baseline in the same run (JSON with --json)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    for name, what in BENCHES.items():
+        bp = bsub.add_parser(name, help=what)
+        bp.add_argument("--json", action="store_true", help="print one JSON document")
+        bp.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+        if name == "capture":
+            bp.add_argument("--clients", default="aiohttp", help="upstream clients to compare, e.g. aiohttp,httpx")
+    b.set_defaults(func=cmd_bench)
     i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
     i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")
     i.set_defaults(func=cmd_info)
+    sub.add_parser("parity", add_help=False, help="trainer-side logprob parity of captured turns (see --help)")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["parity"]:  # its options live in client/parity.py, which may run in the trainer venv
+        return cmd_parity(argv[1:])
     args = p.parse_args(argv)
     return args.func(args)
 

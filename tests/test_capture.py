@@ -2,6 +2,7 @@
 streaming matters (httpx's ASGI transport buffers whole responses)."""
 
 import asyncio
+import contextlib
 import json
 import threading
 
@@ -10,7 +11,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from swe_gym_env.cli import free_port
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
@@ -60,7 +61,7 @@ class Served:
 
     def __init__(self, app) -> None:
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
@@ -155,7 +156,12 @@ async def test_first_chunk_arrives_before_the_engine_finishes_and_the_end_waits_
         store = CaptureStore(tmp_path / "c.sqlite")
         proxy = CaptureProxy(store)
         session, key = proxy.open_session(EngineTarget(engine_url + "/v1", MODEL), max_calls=5, max_tokens=64)
-        with Served(proxy.app()) as proxy_url:
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            yield
+            await proxy.aclose()  # in the server's own loop, where its client lives
+
+        with Served(Starlette(routes=[Mount("/", proxy.app())], lifespan=lifespan)) as proxy_url:
             async with (
                 httpx.AsyncClient(base_url=proxy_url, headers={"authorization": f"Bearer {key}"}) as c,
                 c.stream("POST", "/v1/chat/completions", json=agent_request()) as r,

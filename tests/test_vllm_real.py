@@ -28,6 +28,7 @@ from vllm_shapes import (
     CAPTURE_FIELDS,
     EOS_ID,
     FIXTURES,
+    PI_MESSAGES,
     RECORDINGS,
     chat_request,
     load_fixture,
@@ -94,11 +95,8 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory):
-    if url := os.environ.get("SWE_GYM_VLLM_URL"):
-        yield url.rstrip("/")
-        return
+def _serve_vllm(tmp_path_factory, extra_args: list[str] | None = None):
+    """A vLLM process on a free loopback port (generator: yields its URL, stops it after)."""
     model = tokenizer_dir()
     require(VLLM_PYTHON.is_file(), f"{VLLM_PYTHON} missing: run `bash scripts/setup_vllm.sh`")
     require((model / "tokenizer.json").is_file(), "tokenizer not prepared: run `swe-gym-env setup`")
@@ -110,7 +108,13 @@ def vllm_url(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(VLLM_ENV)
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), *VLLM_ARGS]
+    args = list(VLLM_ARGS)
+    for flag, value in zip((extra_args or [])[::2], (extra_args or [])[1::2], strict=True):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), *args]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     start = time.monotonic()
     with open(log_path, "wb") as log:
@@ -139,6 +143,14 @@ def vllm_url(tmp_path_factory):
         yield url
     finally:
         _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory):
+    if url := os.environ.get("SWE_GYM_VLLM_URL"):
+        yield url.rstrip("/")
+        return
+    yield from _serve_vllm(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -447,3 +459,98 @@ async def test_certification_says_tokens_with_processed_logprobs(vllm_url):
     cert = await certify(f"{vllm_url}/v1" if not vllm_url.endswith("/v1") else vllm_url)
     assert cert.reachable and cert.level == "tokens", cert
     assert cert.logprobs_mode == "processed", cert.detail
+
+
+# --------------------------------------------------------------------------------------------------------------
+# e) through the capture proxy: what a rollout records from a real vLLM
+
+
+def _proxy():
+    from swe_gym_env.server.capture import CaptureProxy
+
+    return CaptureProxy()
+
+
+async def _through(vllm_url: str, bodies: list[dict], **session_kw):
+    """Send ``bodies`` through a capture session against the live vLLM; returns (session, replies)."""
+    from swe_gym_env.server.capture import EngineTarget
+
+    proxy = _proxy()
+    session_kw.setdefault("max_calls", 10)
+    session_kw.setdefault("max_tokens", 64)
+    session, key = proxy.open_session(EngineTarget(f"{vllm_url}/v1", session_kw.pop("model", MODEL)), **session_kw)
+    replies = []
+    transport = httpx.ASGITransport(app=proxy.app())
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://capture", headers={"authorization": f"Bearer {key}"}, timeout=300
+    ) as c:
+        for body in bodies:
+            replies.append(await c.post("/v1/chat/completions", json=body))
+    proxy.close_session(session)
+    await proxy.aclose()
+    return session, replies
+
+
+def _agent_body(stream: bool, **extra) -> dict:
+    body = {
+        "model": "pi-says/whatever",
+        "messages": PI_MESSAGES,
+        "tools": PI_TOOLS,
+        "seed": 7,
+        "temperature": 1.0,
+        "max_completion_tokens": 24,
+        "stream": stream,
+        **extra,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def test_capture_stream_through_equals_non_stream_on_real_vllm(vllm_url):
+    session, (streamed, plain) = await _through(vllm_url, [_agent_body(True), _agent_body(False)])
+    assert streamed.status_code == 200 and plain.status_code == 200, (streamed.text, plain.text)
+    s, p = session.turns
+    assert s.streamed and s.request["stream"] is True and not p.streamed
+    assert s.prompt_token_ids == p.prompt_token_ids
+    assert s.completion_token_ids == p.completion_token_ids, "seeded stream-through ids differ from non-stream ids"
+    assert s.logprobs == pytest.approx(p.logprobs, abs=1e-3)
+    assert len(s.completion_token_ids) == len(s.logprobs) > 0 and all(lp <= 0 for lp in s.logprobs)
+    events = sse_events(streamed.text)
+    text = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
+    assert events[-1] == "[DONE]" and text == (s.response_message["content"] or "")
+    assert all("token_ids" not in c for e in events[:-1] for c in e["choices"])  # capture fields stay with us
+    async with vllm_client(vllm_url) as v:
+        tok = (await v.post("/tokenize", json={"model": MODEL, "messages": PI_MESSAGES, "tools": PI_TOOLS})).json()
+    assert tok["tokens"] == s.prompt_token_ids
+
+
+async def test_capture_normalises_empty_tools_and_reports_unknown_models(vllm_url):
+    session, (r,) = await _through(vllm_url, [_agent_body(False, tools=[])])
+    assert r.status_code == 200, r.text  # vLLM would answer 400 to `tools: []`
+    assert any(f.code == "rewrite" and "empty tools" in f.message for f in session.findings)
+    session, (r,) = await _through(vllm_url, [_agent_body(True)], model="no-such-model")
+    assert r.status_code == 404 and "no-such-model" in r.json()["error"]["message"]
+    assert "HTTP 404" in session.errors[0] and session.turns == []
+    assert [f.code for f in session.findings if f.severity == "fatal"] == ["no_model_calls"]
+
+
+@pytest.fixture(scope="module")
+def raw_vllm_url(tmp_path_factory):
+    """A second vLLM that reports raw logprobs (vLLM's default), to prove `train` refuses it."""
+    yield from _serve_vllm(tmp_path_factory, ["--logprobs-mode", "raw_logprobs"])
+
+
+async def test_train_rollout_is_refused_against_raw_logprobs(raw_vllm_url):
+    from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+    from swe_gym_env.server.certify import certify
+    from swe_gym_env.server.rollout import RolloutService, ServerConfig
+    from swe_gym_env.wire import RolloutRequest
+
+    cert = await certify(f"{raw_vllm_url}/v1")
+    assert cert.level == "tokens" and cert.logprobs_mode == "raw", cert
+    config = ServerConfig(engines={"default": EngineTarget(f"{raw_vllm_url}/v1", MODEL)})
+    service = RolloutService(config, CaptureProxy())
+    result = await service.run(RolloutRequest(purpose="train"))
+    assert not result.ok and result.phase == "validate" and result.reward is None
+    assert "processed logprobs" in result.error and "raw" in result.error

@@ -1,0 +1,193 @@
+"""`swe-gym-env bench capture`: direct engine calls vs the same calls through /capture, in one run.
+
+Three processes: a fast stub engine (vLLM's reply shape), the real server (`swe-gym-env serve`, durable capture
+store on), and this load generator. Sessions are minted through the admin API; each simulated agent makes its calls
+one after another, N agents at once. Reported per configuration (prompt size, streaming, concurrency): latency
+p50/p99 direct and through, the difference, calls/s, and for streams the time to first chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+
+from swe_gym_env.server.bench import emit, pct, summary_ms
+
+CONCURRENCY = (1, 64, 256)
+SIZES = (1000, 8000)
+CALLS = {1: 100, 64: 512, 256: 1024}
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    import httpx
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not healthy after {timeout}s")
+
+
+def _free_port() -> int:
+    from swe_gym_env.cli import free_port
+
+    return free_port()
+
+
+def _request(size: int, stream: bool) -> dict:
+    body = {
+        "model": "agent-model",
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "word " * size},  # ~the prompt's size in bytes, as an agent would send
+        ],
+        "metadata": {"prompt_tokens": size},  # tells the stub how many prompt ids to return
+        "max_tokens": 64,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _agent(session, url: str, headers: dict, body: dict, calls: int, lat: list, ttft: list) -> None:
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        async with session.post(url, json=body, headers=headers) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+            if body["stream"]:
+                first = True
+                async for _line in r.content:
+                    if first:
+                        ttft.append(time.perf_counter() - t0)
+                        first = False
+            else:
+                await r.read()
+        lat.append(time.perf_counter() - t0)
+
+
+async def _run(url: str, keys: list[str | None], body: dict, total: int) -> dict:
+    import aiohttp
+
+    lat: list[float] = []
+    ttft: list[float] = []
+    per = max(1, total // len(keys))
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        # one warm-up call per agent (connections, caches), not measured
+        await asyncio.gather(*(_agent(s, url, _auth(k), body, 1, [], []) for k in keys))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_agent(s, url, _auth(k), body, per, lat, ttft) for k in keys))
+        wall = time.perf_counter() - t0
+    out = {**summary_ms(lat), "calls_per_s": round(len(lat) / wall, 1)}
+    if ttft:
+        out["ttft_p50_ms"] = round(pct(ttft, 50) * 1000, 3)
+    return out
+
+
+def _auth(key: str | None) -> dict:
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+async def _mint(server: str, admin: str, engine: str, n: int) -> list[str]:
+    import httpx
+
+    spec = {"engine_url": engine, "served_model": "stub", "max_calls": 10_000, "max_tokens": 64}
+    async with httpx.AsyncClient(base_url=server, headers={"authorization": f"Bearer {admin}"}, timeout=30) as c:
+        keys = []
+        for _ in range(n):
+            r = await c.post("/capture/sessions", json=spec)
+            r.raise_for_status()
+            keys.append(r.json()["key"])
+        return keys
+
+
+def _start_server(stack: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "SWE_GYM_ADMIN_KEY": admin,
+        "SWE_GYM_DATA_DIR": os.path.join(tmp, f"data-{upstream}"),
+        "SWE_GYM_UPSTREAM": upstream,
+        "SWE_GYM_UI": "0",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swe_gym_env.cli", "serve", "--port", str(port), "--engine-url", engine],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    stack.callback(lambda: (proc.terminate(), proc.wait(10)))
+    _wait(f"http://127.0.0.1:{port}/health", proc)
+    return f"http://127.0.0.1:{port}"
+
+
+def run(as_json: bool, quick: bool = False, clients: tuple[str, ...] = ("aiohttp",)) -> int:
+    admin = secrets.token_urlsafe(16)
+    sizes, concs = ((1000,), (1, 64)) if quick else (SIZES, CONCURRENCY)
+    results = []
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        eport = _free_port()
+        stub = subprocess.Popen(
+            [sys.executable, "-m", "swe_gym_env.server.bench.stub_engine", str(eport)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        stack.callback(lambda: (stub.terminate(), stub.wait(10)))
+        engine = f"http://127.0.0.1:{eport}"
+        _wait(f"{engine}/health", stub)
+        servers = {name: _start_server(stack, tmp, engine + "/v1", admin, name) for name in clients}
+        for size in sizes:
+            for stream in (False, True):
+                for conc in concs:
+                    total = CALLS[conc] // (4 if quick else 1)
+                    body = _request(size, stream)
+                    direct = asyncio.run(_run(f"{engine}/v1/chat/completions", [None] * conc, body, total))
+                    row = {"prompt_tokens": size, "stream": stream, "sessions": conc, "direct": direct}
+                    for name, server in servers.items():
+                        keys = asyncio.run(_mint(server, admin, engine + "/v1", conc))
+                        through = asyncio.run(_run(f"{server}/capture/v1/chat/completions", keys, body, total))
+                        row[f"through_{name}"] = through
+                        row[f"added_p50_ms_{name}"] = round(through["p50_ms"] - direct["p50_ms"], 3)
+                        row[f"added_p99_ms_{name}"] = round(through["p99_ms"] - direct["p99_ms"], 3)
+                        if stream:
+                            row[f"added_ttft_p50_ms_{name}"] = round(through["ttft_p50_ms"] - direct["ttft_p50_ms"], 3)
+                    results.append(row)
+    doc = {
+        "bench": "capture",
+        "cpus": os.cpu_count(),
+        "note": "direct = the stub engine called by the same load generator; through = via the server's /capture "
+        "with a durable SQLite store; all three processes share this machine's cores",
+        "results": results,
+    }
+    first = clients[0]
+    header = ["prompt", "stream", "sessions", "direct p50", "through p50", "+p50 ms", "+p99 ms", "calls/s", "+ttft"]
+    rows = [
+        [
+            r["prompt_tokens"],
+            r["stream"],
+            r["sessions"],
+            r["direct"]["p50_ms"],
+            r[f"through_{first}"]["p50_ms"],
+            r[f"added_p50_ms_{first}"],
+            r[f"added_p99_ms_{first}"],
+            r[f"through_{first}"]["calls_per_s"],
+            r.get(f"added_ttft_p50_ms_{first}", ""),
+        ]
+        for r in results
+    ]
+    emit(doc, as_json, rows, header)
+    return 0
