@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import httpx
+import uvicorn
 
 from swe_gym_env.cli import _wait_healthy, free_port
 from swe_gym_env.server.assets import tokenizer_file
@@ -115,3 +117,22 @@ class Stack:
             if p.poll() is None:
                 p.terminate()
                 p.wait(10)
+
+
+class Served:
+    """A Starlette app on a real loopback port (uvicorn in a thread)."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        while not self.server.started:
+            threading.Event().wait(0.01)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -8,18 +8,16 @@ import threading
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 
-from swe_gym_env.cli import free_port
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.capture_store import CaptureStore
 from swe_gym_env.server.capture_upstream import HttpxUpstream
 from swe_gym_env.tasks.catalog import bundled_tasks
 
-from helpers import MODEL, PI_TOOLS, engine_app, sse_events
+from helpers import MODEL, PI_TOOLS, Served, engine_app, sse_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
@@ -54,25 +52,6 @@ def open_session(proxy: CaptureProxy, **kw):
     kw.setdefault("max_calls", 5)
     kw.setdefault("max_tokens", 512)
     return proxy.open_session(EngineTarget("http://engine/v1", MODEL), **kw)
-
-
-class Served:
-    """A Starlette app on a real loopback port (uvicorn in a thread)."""
-
-    def __init__(self, app) -> None:
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        while not self.server.started:
-            threading.Event().wait(0.01)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 async def test_unknown_and_closed_keys_get_401():

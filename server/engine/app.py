@@ -8,6 +8,7 @@ from a scripted policy (see `policy.py`); its logprobs are deterministic placeho
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -95,10 +96,20 @@ class Completion:
 
 
 class Engine:
-    def __init__(self, renderer: ChatRenderer, policy: Policy, served_model: str) -> None:
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        policy: Policy,
+        served_model: str,
+        delay_s: float = 0.0,
+        max_model_len: int = MAX_MODEL_LEN,
+    ) -> None:
         self.renderer = renderer
+        self.max_model_len = max_model_len  # SmolLM2's 8192 by default; OpenCode's ~7.9k-token prompt needs more
         self.policy = policy
         self.served_model = served_model
+        self.delay_s = delay_s  # seconds to wait before each reply (to watch a rollout unfold: UI tests, demos)
+        self.capture_level = "tokens"  # "logprobs" / "text": behave like engines that return less (certification)
 
     def logprob_entries(self, ids: list[int], lps: list[float], as_ids: bool, top: int) -> list[dict]:
         out = []
@@ -126,18 +137,22 @@ class Engine:
         if top > MAX_LOGPROBS:
             return _error(400, f"top_logprobs must be <= {MAX_LOGPROBS}")
         prompt_ids = self.renderer.prompt_ids(body["messages"], tools)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (MAX_MODEL_LEN - len(prompt_ids))
-        if len(prompt_ids) + int(max_tokens) > MAX_MODEL_LEN:
+        max_len = self.max_model_len
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (max_len - len(prompt_ids))
+        if len(prompt_ids) + int(max_tokens) > max_len:
             return _error(
                 400,
-                f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested "
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
                 f"{int(max_tokens)} output tokens and your prompt contains {len(prompt_ids)} input tokens.",
             )
+        if self.delay_s > 0:
+            await asyncio.sleep(self.delay_s)
         reply = self.policy.reply(body["messages"], tools)
         comp = Completion(self.renderer, reply, int(max_tokens), offset=len(prompt_ids))
-        want_lp = bool(body.get("logprobs"))
+        # an engine that cannot return ids (older vLLM, other servers) ignores the fields, as vLLM ignores unknowns
+        want_lp = bool(body.get("logprobs")) and self.capture_level != "text"
         as_ids = bool(body.get("return_tokens_as_token_ids"))
-        want_ids = bool(body.get("return_token_ids"))
+        want_ids = bool(body.get("return_token_ids")) and self.capture_level == "tokens"
         base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.served_model}
         fingerprint = {"system_fingerprint": f"swe-gym-env-builtin:{self.policy.name}"}
         usage = {
@@ -249,7 +264,7 @@ class Engine:
         else:
             text = str(body.get("prompt", ""))
         ids = self.renderer.encode(text)
-        return JSONResponse({"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids, "token_strs": None})
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None})
 
     async def detokenize(self, request: Request) -> Response:
         body = await request.json()
@@ -264,7 +279,7 @@ class Engine:
                         "id": self.served_model,
                         "object": "model",
                         "owned_by": f"swe-gym-env builtin ({self.policy.name})",
-                        "max_model_len": MAX_MODEL_LEN,
+                        "max_model_len": self.max_model_len,
                     }
                 ],
             }
