@@ -5,13 +5,13 @@ This module imports nothing but pydantic, so `swe_gym_env.client` can use it wit
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 Phase = Literal["validate", "task", "session", "install", "boot", "agent", "diff", "grade", "done"]
-Harness = Literal["pi"]
-SandboxBackend = Literal["local"]
+Harness = Literal["pi", "opencode"]
+SandboxBackend = Literal["local", "docker", "hf", "e2b"]
 
 
 class RolloutRequest(BaseModel):
@@ -32,6 +32,11 @@ class RolloutRequest(BaseModel):
     )
     harness: Harness = "pi"
     sandbox: SandboxBackend = "local"
+    mode: Literal["capture", "black_box"] = Field(
+        "capture",
+        description="capture: model calls go through /capture and are recorded (trainable); black_box: forwarded "
+        "to the engine unchanged, nothing recorded (eval only, no token data, capture_level text).",
+    )
     engine: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Server-side engine name.")
     max_model_calls: int = Field(30, ge=1, le=500)
     max_tokens: int = Field(1024, ge=1, le=32768, description="Completion-token cap per model call.")
@@ -62,6 +67,31 @@ class Turn(BaseModel):
     wall_s: float
     request: dict = Field(description="The request as forwarded upstream (messages, tools, sampling).")
     response_message: dict = Field(description="The assistant message returned to the agent.")
+    parent: int | None = Field(None, description="Rollout graph: the call this one continues (None: a root).")
+    relation: Literal["root", "extends", "drift", "sibling"] = Field(
+        "root", description="extends: its prompt holds the parent's ids exactly; drift: re-tokenised; sibling: a retry."
+    )
+    role: Literal["agent", "aux"] = Field("agent", description="aux: a call outside the agent's main conversation.")
+    discarded: bool = Field(False, description="On a branch that led nowhere (kept visible, not trained on).")
+
+
+class Finding(BaseModel):
+    """Something validation noticed. A `fatal` finding makes the rollout unusable (ok=false)."""
+
+    severity: Literal["info", "warning", "fatal"]
+    code: str
+    message: str
+    turn: int | None = None
+
+    def __str__(self) -> str:
+        return f"[{self.severity} {self.code}] {self.message}"
+
+
+def _findings(value: object) -> object:
+    """Plain strings are accepted as info findings."""
+    if isinstance(value, list):
+        return [{"severity": "info", "code": "note", "message": v} if isinstance(v, str) else v for v in value]
+    return value
 
 
 class TestReport(BaseModel):
@@ -97,7 +127,8 @@ class RolloutResult(BaseModel):
     cross_check_detail: str = ""
     capture_level: str | None = Field(None, description="tokens | logprobs | text, from engine certification.")
     logprobs_mode: str | None = Field(None, description="processed | raw | placeholder | unknown.")
-    findings: list[str] = []
+    capture_session_id: str | None = Field(None, description="The capture session (readable after a restart).")
+    findings: Annotated[list[Finding], BeforeValidator(_findings)] = []
 
 
 def failed_result(
@@ -128,8 +159,13 @@ class RolloutSummary(BaseModel):
     ok: bool | None = None
     reward: float | None = None
     turns: int = 0
+    roots: int = Field(0, description="Conversations in the rollout graph (the agent's, subagents', auxiliary).")
     error: str | None = None
     seconds_since_last_call: float | None = None
+    seconds_in_phase: float | None = Field(
+        None, description="How long the rollout has been in its phase: booting vs an agent that is not calling."
+    )
+    capture_session_id: str | None = None
 
     @classmethod
     def of_result(cls, r: RolloutResult) -> RolloutSummary:
@@ -143,7 +179,9 @@ class RolloutSummary(BaseModel):
             ok=r.ok,
             reward=r.reward,
             turns=len(r.turns),
+            roots=sum(1 for t in r.turns if t.parent is None),
             error=r.error,
+            capture_session_id=r.capture_session_id,
         )
 
 
@@ -201,3 +239,20 @@ class TrainingRow(BaseModel):
     loss_mask: list[int] = Field(description="1 on sampled tokens, 0 on prompt / tool-result tokens.")
     logprobs: list[float] = Field(description="The engine's logprob per input token (0.0 where loss_mask is 0).")
     turn_indices: list[int]
+
+
+class CaptureSessionCreate(BaseModel):
+    """Admin API body for minting a capture session (`POST /capture/sessions`). The key comes back once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine_url: str = Field(pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?$", max_length=500)
+    served_model: str = Field(max_length=200)
+    engine_api_key: str | None = Field(None, max_length=4096, description="Held server-side; never returned.")
+    engine_headers: dict[str, str] = Field(default_factory=dict, max_length=16)
+    max_calls: int = Field(30, ge=1, le=10_000)
+    max_tokens: int = Field(1024, ge=1, le=131_072)
+    call_timeout_s: float = Field(300.0, gt=0, le=3600)
+    sampling: dict[str, float | int] = Field(default_factory=dict, max_length=8)
+    passthrough: bool = False
+    labels: dict[str, str] = Field(default_factory=dict, max_length=16)

@@ -4,6 +4,7 @@
 # - scripts/setup_vllm.sh: a real vLLM (CPU) in .vllm-venv + SmolLM2-135M weights, for tests/test_vllm_real.py
 # - scripts/setup_openenv.sh: OpenEnv's own client in .openenv-venv, for tests/test_openenv_compat.py
 # - scripts/setup_trl.sh: trl + CPU torch + the light client in .trl-venv, for tests/test_trl_adapter.py
+# - scripts/setup_docker.sh: docker.io + a dockerd (no bridge) + a debootstrap base image, for the docker backend
 # Extra arguments go to pytest (e.g. -m "not integration").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,6 @@ bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 bash scripts/setup_openenv.sh
 bash scripts/setup_trl.sh
-exec .venv/bin/python -m pytest "$@"
+bash scripts/setup_docker.sh
+trap 'bash scripts/setup_docker.sh stop' EXIT  # stops dockerd only if setup_docker.sh started it
+.venv/bin/python -m pytest "$@"

@@ -17,10 +17,13 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from swe_gym_env.server.capture import CaptureProxy
+from swe_gym_env.server.capture_store import CaptureStore
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv_compat import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.server.sandbox.registry import reap_forever
+from swe_gym_env.server.security import BodySizeLimit
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.wire import RolloutStatus
 
@@ -28,7 +31,7 @@ CAPTURE_DIR_PREFIX = "swe-gym-capture-"
 
 
 async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
-    app = Starlette(routes=[Mount("/capture", app=capture.app())])
+    app = Starlette(routes=[Mount("/capture", app=capture.app(admin=False))])  # sandboxes reach nothing else
     server = uvicorn.Server(
         uvicorn.Config(app, uds=str(socket_path), log_level="warning", lifespan="off", access_log=False)
     )
@@ -45,7 +48,7 @@ async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvi
 
 
 def create_app(config: ServerConfig) -> FastAPI:
-    capture = CaptureProxy()
+    capture = CaptureProxy(CaptureStore(config.capture_db) if config.capture_db else None)
     service = RolloutService(config, capture)
     mcp = build_mcp(service)
     mcp_app = mcp.http_app(path="/mcp")
@@ -53,21 +56,27 @@ def create_app(config: ServerConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         service.recover()
+        if capture.store is not None:
+            capture.store.abandon_open()  # sessions a dead server left open stay readable, marked abandoned
         reap_orphans(CAPTURE_DIR_PREFIX)
         sock_dir = owned_dir(CAPTURE_DIR_PREFIX)
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)
         warm = asyncio.create_task(asyncio.to_thread(load_swebench))
+        reaper = asyncio.create_task(reap_forever())  # sandboxes of dead servers, and ours past their deadline
         try:
             async with mcp_app.lifespan(app):
                 yield
         finally:
             warm.cancel()
+            reaper.cancel()
             uds.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(uds._task, 5)  # type: ignore[attr-defined]
             await capture.aclose()
+            if capture.store is not None:
+                capture.store.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
 
     app = FastAPI(title="swe_gym_env", lifespan=lifespan)
@@ -92,6 +101,11 @@ def create_app(config: ServerConfig) -> FastAPI:
         return status
 
     install_openenv_routes(app, mcp, service)
-    app.mount("/capture", capture.app())
+    app.add_middleware(BodySizeLimit)  # SWE_GYM_MAX_REQUEST_BYTES; websockets bound their own messages
+    app.mount("/capture", capture.app(admin=True))
+    if os.environ.get("SWE_GYM_UI", "1") != "0":  # the Gradio UI at /web, and "/" redirecting there
+        from swe_gym_env.ui import mount_ui
+
+        mount_ui(app, service)
     app.mount("/", wrap_mcp_app(app, mcp_app))
     return app

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-
 from swe_gym_env.server.agents.registry import HARNESSES
-from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
+from swe_gym_env.server.assets import tokenizer_dir
 from swe_gym_env.server.certify import certify
-from swe_gym_env.server.sandbox.registry import BACKENDS
+from swe_gym_env.server.sandbox.preflight import preflight_all
 from swe_gym_env.tasks.catalog import split_names, tasks_in
 
 
@@ -16,13 +14,7 @@ async def gather_info(engine_url: str | None) -> dict:
     for name, cls in HARNESSES.items():
         h = cls()
         agents[name] = {"version": h.version, "installed": h.cli_js(h.install_dir()).is_file()}
-    sandboxes = {name: {"available": True} for name in BACKENDS}
-    if "local" in sandboxes:
-        sandboxes["local"] = {
-            "available": bool(shutil.which("bwrap")) and (task_runtime_dir() / ".ready").is_file(),
-            "bwrap": shutil.which("bwrap"),
-            "task_runtime": str(task_runtime_dir()),
-        }
+    sandboxes = preflight_all()  # per backend: available, and the reason when not
     datasets = {}
     for split in split_names():
         try:

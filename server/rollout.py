@@ -18,20 +18,33 @@ from pathlib import Path
 from typing import Literal
 
 from swe_gym_env.sequences import chain_turns
-from swe_gym_env.server.agents.base import AgentConfig, AgentError, cross_check
+from swe_gym_env.server.agents.base import AgentConfig, AgentError, AgentOutcome, Harness, reconcile
 from swe_gym_env.server.agents.registry import get_harness
+from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
 from swe_gym_env.server.certify import Certificate, certify
 from swe_gym_env.server.grading import GradingError, grade
 from swe_gym_env.server.results import ResultsStore
-from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_gym_env.server.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox, reap_orphans
+from swe_gym_env.server.security import engine_allowlist, engine_url_allowed
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.tasks.models import Task
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus, RolloutSummary, failed_result
+from swe_gym_env.wire import (
+    Finding,
+    Phase,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    RolloutSummary,
+    failed_result,
+)
 
 Notify = Callable[[str], Awaitable[None]]
 DIFF_LIMIT = 4 * 1024 * 1024
+POLL_S = 0.1  # how often the agent phase looks at the session (the events file: every POLL_EVENTS_S)
+POLL_EVENTS_S = 1.0
+BUDGET_GRACE_S = 15.0  # an agent still calling this long after its budget ran out is stopped
 KEEP_FINISHED = 256  # finished rollouts kept in memory; all of them are in the results store
 DIFF_EXCLUDES = "':(exclude)**/__pycache__/**' ':(exclude)*.pyc' ':(exclude).pytest_cache/**'"
 PROMPT = """You are working in a git repository at {workdir}. Resolve the issue below by editing the source code.
@@ -56,11 +69,12 @@ class ServerConfig:
     engines: dict[str, EngineTarget]
     capture_socket: Path | None = None
     results_dir: Path | None = None
+    capture_db: Path | None = None  # durable capture store (SQLite); None: in memory only
     context_window: int = 8192
     grading_timeout_s: float = 300.0
     concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend
     max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
-    allow_engine_urls: bool = False  # let callers name an engine URL (the proxy then calls it: trusted callers only)
+    allow_engine_urls: tuple[str, ...] = ()  # URL prefixes callers may name as engine_url ("*": any); security.py
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -76,8 +90,10 @@ class ServerConfig:
         return cls(
             engines={"default": engine},
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
+            context_window=int(os.environ.get("SWE_GYM_CONTEXT_WINDOW", "8192")),  # what agents are told
+            capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
             concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
-            allow_engine_urls=os.environ.get("SWE_GYM_ALLOW_ENGINE_URLS", "") == "1",
+            allow_engine_urls=engine_allowlist(),
         )
 
 
@@ -94,6 +110,7 @@ class RolloutRecord:
     session: CaptureSession | None = None
     instance_id: str | None = None
     listeners: list[asyncio.Queue[str]] = field(default_factory=list)
+    phase_since: float = field(default_factory=time.time)
 
     def emit(self, message: str) -> None:
         for q in self.listeners:
@@ -101,6 +118,7 @@ class RolloutRecord:
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
+        self.phase_since = time.time()
         self.emit(f"phase: {phase}")
 
     def summary(self) -> RolloutSummary:
@@ -115,7 +133,10 @@ class RolloutRecord:
             phase=self.phase,
             state=self.state,
             turns=len(self.session.turns) if self.session else 0,
+            roots=len(self.session.graph.roots()) if self.session else 0,
             seconds_since_last_call=round(time.time() - last, 3) if last else None,
+            seconds_in_phase=round(time.time() - self.phase_since, 3),
+            capture_session_id=self.session.id if self.session else None,
         )
 
 
@@ -246,6 +267,7 @@ class RolloutService:
             async with self._slot(req.sandbox):
                 rec.state = "running"
                 t0 = time.monotonic()
+                state["deadline"] = time.monotonic() + req.deadline_s
                 async with asyncio.timeout(req.deadline_s):
                     result = await self._run(rec, req, timings, state)
         except RolloutFailure as e:
@@ -305,6 +327,8 @@ class RolloutService:
         state["cert"] = cert
         if not cert.reachable:
             raise RolloutFailure("validate", f"engine unreachable: {cert.detail}")
+        if req.mode == "black_box" and req.purpose == "train":
+            raise RolloutFailure("validate", "mode=black_box is for eval only (no token data): use purpose=eval")
         if req.purpose == "train" and (cert.level != "tokens" or cert.logprobs_mode != "processed"):
             why = cert.detail or f"capture level {cert.level}, logprobs {cert.logprobs_mode}"
             raise RolloutFailure(
@@ -326,8 +350,12 @@ class RolloutService:
             max_calls=req.max_model_calls,
             max_tokens=req.max_tokens,
             sampling={k: v for k in ("temperature", "top_p", "top_k", "seed") if (v := getattr(req, k)) is not None},
+            session_id=rec.rollout_id,
+            labels={"rollout": rec.rollout_id},
+            passthrough=req.mode == "black_box",
         )
         rec.session = session
+        state["session_id"] = session.id
         state["turns"], state["findings"] = session.turns, session.findings  # kept on every failure path
         session.on_turn = lambda turn: rec.emit(
             f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
@@ -341,9 +369,11 @@ class RolloutService:
                 repo_source=task.repo_source or "",
                 base_commit=task.base_commit,
                 workdir=task.workdir,
+                image=task.image,
                 capture_socket=self.config.capture_socket,
                 ro_mounts=mounts,
-                labels={"rollout": rec.rollout_id},
+                labels={"rollout": rec.rollout_id, "role": "agent"},
+                deadline_s=req.deadline_s + 60,  # expires by itself even if this server dies
             )
             try:
                 sbx = await create_sandbox(req.sandbox, spec)
@@ -362,31 +392,27 @@ class RolloutService:
 
             rec.set_phase("agent")
             t = time.monotonic()
-            res = await sbx.exec(harness.command(cfg), timeout=req.deadline_s, relay=True)
+            agent_timeout = max(5.0, state["deadline"] - t - min(120.0, 0.2 * req.deadline_s))  # leave time to grade
+            res, stopped = await self._run_agent(rec, sbx, harness, cfg, session, agent_timeout, timings)
             timings["agent"] = time.monotonic() - t
             state["exit_code"] = res.exit_code
             state["log_tail"] = await self._read_text(sbx, harness.log_path, tail=4000)
-            events = await self._read_text(sbx, harness.events_path)
-            outcome = harness.parse_events(events)
-            budget_hit = session.stop_reason == "budget_exhausted"
-            state["cross_check"] = cross_check(outcome, session.turns, session.budget_replies)
-            if session.errors:
-                raise RolloutFailure("agent", "capture: " + "; ".join(session.errors[:3]))
-            if res.timed_out:
-                raise RolloutFailure("agent", "agent timed out", "timeout")
-            if not session.turns:
-                kind = outcome.error_kind or "no_model_calls"
-                raise RolloutFailure(
-                    "agent",
-                    f"{kind}: the agent made no model call through the capture proxy"
-                    + (f" ({outcome.error})" if outcome.error else "")
-                    + (f"; exit {res.exit_code}: {res.stderr[-300:]}" if res.exit_code else ""),
-                )
-            if outcome.error_kind and not budget_hit:
-                raise RolloutFailure("agent", f"{outcome.error_kind}: {outcome.error}")
-            if res.exit_code != 0 and not budget_hit:
-                raise RolloutFailure("agent", f"agent_crashed: exit code {res.exit_code}: {res.stderr[-500:]}")
-            if state["cross_check"][0] == "mismatch":  # the capture does not say what the agent did: unusable
+            outcome = harness.parse_events(await self._read_text(sbx, harness.events_path))
+            self._cross_check(req, outcome, session, state)
+            facts = RunFacts(
+                exit_code=res.exit_code,
+                timed_out=res.timed_out,
+                timeout_s=agent_timeout,
+                calls=self._answered(req, session),
+                proxy_errors=tuple(session.errors),
+                budget_exhausted=session.stop_reason == "budget_exhausted",
+                stopped_after_budget=stopped,
+                stderr_tail=res.stderr[-500:] or state["log_tail"][-500:],
+            )
+            if (failure := classify_failure(outcome, facts)) is not None:
+                kind, message = failure
+                raise RolloutFailure("agent", f"{kind}: {message}", "timeout" if kind == "timeout" else None)
+            if state.get("missing_steps"):  # the agent used model calls the capture never saw: not its trace
                 raise RolloutFailure("agent", f"cross-check mismatch: {state['cross_check'][1]}")
 
             rec.set_phase("diff")
@@ -399,7 +425,12 @@ class RolloutService:
         rec.set_phase("grade")
         t = time.monotonic()
         grading_spec = SandboxSpec(
-            repo_source=task.repo_source or "", base_commit=task.base_commit, workdir=task.workdir
+            repo_source=task.repo_source or "",
+            base_commit=task.base_commit,
+            workdir=task.workdir,
+            image=task.image,
+            labels={"rollout": rec.rollout_id, "role": "grading"},
+            deadline_s=self.config.grading_timeout_s + 120,
         )
         try:
             g = await grade(
@@ -408,7 +439,10 @@ class RolloutService:
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e
         timings["grade"] = time.monotonic() - t
-        findings = [*session.findings, *g.findings]
+        fatal = [f for f in session.findings if f.severity == "fatal"]
+        if fatal:  # the capture is not usable training data, whatever the reward
+            raise RolloutFailure("agent", f"capture validation: {fatal[0]}")
+        findings = [*session.findings, *state.get("agent_findings", []), *g.findings]
         if g.dropped_files:
             findings.append(f"grading ignored the agent's edits to protected files: {g.dropped_files}")
         rec.set_phase("done")
@@ -425,10 +459,91 @@ class RolloutService:
             grading=g.report,
             agent_exit_code=res.exit_code,
             **self._trace_fields(state),
-            capture_level=state["cert"].level,
-            logprobs_mode=state["cert"].logprobs_mode,
+            capture_level="text" if req.mode == "black_box" else state["cert"].level,
+            logprobs_mode=None if req.mode == "black_box" else state["cert"].logprobs_mode,
             findings=findings,
         )
+
+    async def _run_agent(
+        self,
+        rec: RolloutRecord,
+        sbx: Sandbox,
+        harness: Harness,
+        cfg: AgentConfig,
+        session: CaptureSession,
+        timeout: float,
+        timings: dict[str, float],
+    ) -> tuple[ExecResult, bool]:
+        """Run the agent in the background and watch it: first model call, steps from its events file, and an
+        agent that keeps calling after its budget ran out is stopped. Returns (result, stopped_after_budget)."""
+        t0 = time.monotonic()
+        run = asyncio.create_task(sbx.exec(harness.command(cfg), timeout=timeout, relay=True))
+        steps, next_read, budget_at = 0, t0 + POLL_EVENTS_S, None
+        try:
+            while not run.done():
+                await asyncio.wait({run}, timeout=POLL_S)
+                now = time.monotonic()
+                if session.calls and "first_call" not in timings:
+                    timings["first_call"] = now - t0
+                if now >= next_read and not run.done():
+                    next_read = now + POLL_EVENTS_S
+                    n = harness.parse_events(await self._read_text(sbx, harness.events_path)).model_calls
+                    if n > steps:
+                        steps = n
+                        rec.emit(f"agent: {n} step(s) in its own events")
+                if session.stop_reason == "budget_exhausted" and not run.done():
+                    budget_at = budget_at or now
+                    if now - budget_at > BUDGET_GRACE_S:
+                        rec.emit("agent: still running after its model-call budget ran out; stopping it")
+                        run.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await run
+                        return ExecResult(137, "", "stopped after the model-call budget ran out"), True
+            return run.result(), False
+        finally:
+            if not run.done():
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await run
+
+    @staticmethod
+    def _answered(req: RolloutRequest, session: CaptureSession) -> int:
+        """Model calls the engine answered (failed ones excluded; budget replies are not calls)."""
+        if req.mode == "black_box":
+            return max(0, session.calls - len({e.split(":", 1)[0] for e in session.errors}))
+        return len(session.turns)
+
+    @staticmethod
+    def _cross_check(req: RolloutRequest, outcome: AgentOutcome, session: CaptureSession, state: dict) -> None:
+        """The agent's own events against the capture: a verdict in every result; captured calls the agent never
+        used are demoted (discarded), agent calls the capture lacks make the rollout unusable."""
+        if req.mode == "black_box":  # nothing recorded: compare call counts only
+            agent_calls = outcome.model_calls - session.budget_replies
+            if outcome.model_calls == 0 and outcome.error_kind is None:
+                state["cross_check"] = ("none", "the agent left no trace of model calls")
+            elif agent_calls == RolloutService._answered(req, session):
+                state["cross_check"] = ("match", f"{agent_calls} calls (black box: counts only)")
+            else:
+                state["cross_check"] = (
+                    "mismatch",
+                    f"the agent reports {outcome.model_calls} model calls ({session.budget_replies} budget "
+                    f"replies), the proxy answered {RolloutService._answered(req, session)}",
+                )
+            return
+        r = reconcile(outcome, session.turns, session.budget_replies)
+        state["cross_check"] = (r.verdict, r.detail)
+        state["missing_steps"] = r.missing
+        for turn in session.turns:
+            if turn.index in r.unused:
+                turn.discarded = True
+        if r.verdict == "mismatch":
+            state["agent_findings"] = [
+                Finding(
+                    severity="fatal" if r.missing else "warning",
+                    code="cross_check_mismatch",
+                    message=f"{r.detail}; demoted turns the agent never used: {list(r.unused)}",
+                )
+            ]
 
     def _engine_for(self, req: RolloutRequest) -> tuple[EngineTarget, str]:
         if req.engine_url is None:
@@ -436,11 +551,11 @@ class RolloutService:
             if engine is None:
                 raise RolloutFailure("validate", f"unknown engine {req.engine!r}; known: {sorted(self.config.engines)}")
             return engine, req.engine
-        if not self.config.allow_engine_urls:
+        if not engine_url_allowed(req.engine_url, self.config.allow_engine_urls):
             raise RolloutFailure(
                 "validate",
-                "this server only uses its named engines (engine_url is disabled; "
-                "the operator can allow it with SWE_GYM_ALLOW_ENGINE_URLS=1)",
+                "engine_url is not on this server's allow-list (the operator sets URL prefixes in "
+                "SWE_GYM_ENGINE_URL_ALLOWLIST; SWE_GYM_ALLOW_ENGINE_URLS=1 allows any)",
             )
         url = req.engine_url.rstrip("/")
         return EngineTarget(url, req.engine_model or ""), f"url:{url}"
@@ -449,6 +564,7 @@ class RolloutService:
     def _trace_fields(state: dict) -> dict:
         verdict, detail = state.get("cross_check", (None, ""))
         return {
+            "capture_session_id": state.get("session_id"),
             "agent_log_tail": state.get("log_tail", ""),
             "sequences": [[t.index for t in chain] for chain in chain_turns(state["turns"])],
             "cross_check": verdict,

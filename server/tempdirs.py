@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+import uuid
 from pathlib import Path
 
 
@@ -22,3 +24,39 @@ def reap_orphans(prefix: str) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
+
+
+INCARNATION = uuid.uuid4().hex[:12]  # this server process; sandboxes of other incarnations of our id are orphans
+
+
+def server_id() -> str:
+    """This server's id, persisted in the cache dir (or SWE_GYM_SERVER_ID), so it survives a restart: every
+    sandbox carries it as a label and a restarted server finds and reaps what the killed one left."""
+    env = os.environ.get("SWE_GYM_SERVER_ID")
+    if env:
+        return env
+    from swe_gym_env.server.assets import cache_dir
+
+    path = cache_dir() / "server-id"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(uuid.uuid4().hex[:16] + "\n")
+        except FileExistsError:  # another process wrote it first
+            pass
+    return path.read_text().strip()
+
+
+HOST = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:64] or "host"
+
+
+def owner_dead(labels: dict[str, str]) -> bool:
+    """Whether the server process that labelled a sandbox (`host`, `pid`) is gone. Sandboxes of servers on other
+    hosts are theirs to reap; several servers may share one server id (one cache dir) on a host, so a different
+    incarnation alone does not make an orphan."""
+    if labels.get("host") != HOST:
+        return False
+    pid = labels.get("pid", "")
+    return not pid.isdigit() or not Path(f"/proc/{pid}").exists()

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+from swe_gym_env.server.agents.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
 
@@ -38,5 +39,27 @@ def need_pi(need_sandbox, need_tokenizer) -> None:
 
 
 @pytest.fixture
+def need_opencode(need_sandbox, need_tokenizer) -> None:
+    h = OpenCodeHarness()
+    require(h.binary(h.install_dir()).is_file(), "OpenCode not installed: run `swe-gym-env setup`")
+    require(shutil.which("rg") is not None, "ripgrep missing: apt-get install ripgrep (OpenCode needs rg)")
+
+
+@pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def need_docker() -> None:
+    """A docker daemon with the default sandbox image; started by scripts/setup_docker.sh when we may (root)."""
+    import subprocess
+
+    from swe_gym_env.server.sandbox.docker import preflight
+
+    ok, why = preflight()
+    if (not ok or "MISSING" in why) and os.geteuid() == 0:
+        script = os.path.join(os.path.dirname(__file__), "..", "scripts", "setup_docker.sh")
+        r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=1200)
+        ok, why = preflight() if r.returncode == 0 else (False, f"setup_docker.sh failed: {r.stderr[-500:]}")
+    require(ok and "MISSING" not in why, f"docker sandbox unavailable: {why}")

@@ -1,15 +1,23 @@
 """`local` sandbox backend: bubblewrap.
 
 Each sandbox is a private host directory (testbed, HOME, TMPDIR) that every command sees through a fresh `bwrap`
-with its own pid, mount, ipc, uts and network namespaces. The network namespace has only loopback; when a command
-needs the model, a relay inside it forwards 127.0.0.1:RELAY_PORT to the server's capture unix socket, which serves
-/capture and nothing else. Nothing of the server's files or environment is visible: only /usr, a few /etc files,
-the Python runtime and the read-only mounts the spec names. Secrets reach the sandbox as files, never argv.
+with its own pid, mount, ipc, uts and network namespaces, inside the sandbox's cgroup (CPU / memory / pid limits,
+where the host allows cgroups). The network namespace has only loopback; when a command needs the model, a relay
+inside it forwards 127.0.0.1:RELAY_PORT to the server's capture unix socket, which serves /capture and nothing else.
+Nothing of the server's files or environment is visible: only /usr, a few /etc files, the Python runtime and the
+read-only mounts the spec names. Secrets reach the sandbox as files, never argv; the environment given to bwrap
+holds only the spec's non-secret variables.
+
+Expiry: every command runs under `timeout -s KILL <time left>` inside the sandbox and `--die-with-parent`, so a
+server killed with SIGKILL takes its commands with it; its dirs and cgroups (named by its pid) are removed by the
+next server's `reap_orphans`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import shutil
 import signal
@@ -18,10 +26,19 @@ import sys
 from pathlib import Path
 
 from swe_gym_env.server.assets import task_runtime_dir
-from swe_gym_env.server.sandbox.base import ExecResult, SandboxError, SandboxSpec, clip
+from swe_gym_env.server.sandbox import cgroups
+from swe_gym_env.server.sandbox.base import (
+    RELAY_PORT,
+    SECRETS_FILE,
+    PipeProcess,
+    SandboxBase,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailable,
+    strip_history_script,
+)
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 
-RELAY_PORT = 18080
 RUNTIME_MOUNT = "/opt/swe-gym/runtime"
 RELAY_SCRIPT = Path(__file__).resolve().parent / "relay.py"
 SOCKET_DIR = "/run/swe-gym"
@@ -40,44 +57,72 @@ ETC_FILES = [
     "mime.types",
 ]
 DIR_PREFIX = "swe-gym-sbx-"
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
+JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def relay_prefix(python: str) -> str:
+    """Shell that starts the in-sandbox relay (127.0.0.1:RELAY_PORT → the mounted capture socket) and waits for it."""
+    return (
+        f"{python} /opt/swe-gym/relay.py {RELAY_PORT} {SOCKET_DIR}/capture.sock /tmp/.swe-gym/relay-ready-$$ &\n"
+        "i=0; while [ ! -f /tmp/.swe-gym/relay-ready-$$ ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
+        "[ -f /tmp/.swe-gym/relay-ready-$$ ] || { echo 'capture relay did not start' >&2; exit 97; }\n"
+        "rm -f /tmp/.swe-gym/relay-ready-$$"
+    )
 
 
 def _reap_orphans() -> list[str]:
-    """Sandbox dirs left by server processes that no longer exist (e.g. killed mid-rollout)."""
-    return reap_orphans(DIR_PREFIX)
-
-
-GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
+    """Sandbox dirs and cgroups left by server processes that no longer exist (e.g. killed mid-rollout)."""
+    return reap_orphans(DIR_PREFIX) + cgroups.reap_orphans(DIR_PREFIX)
 
 
 def bwrap_path() -> str:
     path = shutil.which("bwrap")
     if path is None:
-        raise SandboxError("bubblewrap is not installed: `apt-get install bubblewrap` (the local sandbox needs it)")
+        raise SandboxUnavailable(
+            "bubblewrap is not installed: `apt-get install bubblewrap` (the local sandbox needs it)"
+        )
     return path
 
 
-class LocalSandbox:
-    def __init__(self, spec: SandboxSpec, root: Path) -> None:
-        self.spec = spec
-        self.root = root
-        self.capture_base_url = f"http://127.0.0.1:{RELAY_PORT}/capture" if spec.capture_socket else None
-        self._procs: set[asyncio.subprocess.Process] = set()
-        self._closed = False
+def preflight() -> tuple[bool, str]:
+    if shutil.which("bwrap") is None:
+        return False, "bubblewrap missing: apt-get install bubblewrap"
+    if not (task_runtime_dir() / ".ready").is_file():
+        return False, f"task runtime missing at {task_runtime_dir()}: run `swe-gym-env setup`"
+    cg = cgroups.mode()
+    return True, f"bwrap; limits via cgroup {cg}" if cg else "bwrap; cgroups not writable: no CPU/memory/pid limits"
 
+
+class LocalSandbox(SandboxBase):
     reap_orphans = staticmethod(_reap_orphans)
+    preflight = staticmethod(preflight)
+
+    def __init__(self, spec: SandboxSpec, root: Path) -> None:
+        super().__init__(spec)
+        self.root = root
+        self.cgroup: cgroups.CgroupSet | None = None
+        if spec.capture_socket is not None:
+            self.capture_base_url = f"http://127.0.0.1:{RELAY_PORT}/capture"
+            self.relay_prefix = relay_prefix("python3")
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> LocalSandbox:
         bwrap_path()
         runtime = task_runtime_dir()
         if not (runtime / "bin" / "python").exists():
-            raise SandboxError(f"task runtime missing at {runtime}: run `swe-gym-env setup`")
+            raise SandboxUnavailable(f"task runtime missing at {runtime}: run `swe-gym-env setup`")
+        if not spec.repo_source:
+            raise SandboxError("the local backend needs a repository source (this task needs an image backend)")
         root = owned_dir(DIR_PREFIX)
         sbx = cls(spec, root)
         try:
-            for d in ("testbed", "home", "tmp"):
+            for d in ("testbed", "home", "tmp", "tmp/.swe-gym"):
                 (root / d).mkdir()
+            (root / "labels.json").write_text(json.dumps({**spec.labels, "expires_at": str(int(sbx.expires_at))}))
+            if spec.secrets:
+                await sbx.write_file(SECRETS_FILE, sbx.secrets_file(), 0o600)
+            sbx.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
             await asyncio.to_thread(sbx._clone)
         except BaseException:
             await sbx.close()
@@ -86,34 +131,27 @@ class LocalSandbox:
 
     def _clone(self) -> None:
         testbed = self.root / "testbed"
-        env = {**os.environ, **GIT_ENV, "GIT_CONFIG_GLOBAL": "/dev/null"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV, "GIT_CONFIG_GLOBAL": "/dev/null"}
+        env["HOME"] = str(self.root / "home")
         git = ["git", "-c", "core.hooksPath=/dev/null", "-c", "advice.detachedHead=false"]
-        for args in (
-            ["clone", "-q", "--no-checkout", "--", self.spec.repo_source, str(testbed)],
-            ["-C", str(testbed), "checkout", "-q", self.spec.base_commit],
-            ["-C", str(testbed), "remote", "remove", "origin"],
-        ):
-            r = subprocess.run([*git, *args], env=env, capture_output=True, text=True, timeout=120)
+        steps = [[*git, "clone", "-q", "--no-checkout", "--", self.spec.repo_source, str(testbed)]]
+        if self.spec.strip_history:
+            steps.append(["/bin/sh", "-c", strip_history_script(str(testbed), self.spec.base_commit)])
+        else:
+            steps.append([*git, "-C", str(testbed), "checkout", "-q", self.spec.base_commit])
+        for argv in steps:
+            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
             if r.returncode != 0:
-                raise SandboxError(f"preparing the repository failed: git {args[0]}: {r.stderr.strip()[:500]}")
+                raise SandboxError(f"preparing the repository failed: {argv[-1][:60]}: {r.stderr.strip()[:500]}")
         (self.root / "home" / ".gitconfig").write_text(
             "[user]\n\tname = agent\n\temail = agent@sandbox.invalid\n[safe]\n\tdirectory = *\n"
         )
 
-    def _argv(self, env: dict[str, str]) -> list[str]:
+    def _argv(self) -> list[str]:
         runtime = task_runtime_dir()
         base = Path(sys.base_prefix).resolve()
-        args = [
-            bwrap_path(),
-            "--die-with-parent",
-            "--unshare-all",
-            "--new-session",
-            "--cap-drop",
-            "ALL",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-        ]
+        args = [bwrap_path(), "--die-with-parent", "--unshare-all", "--new-session", "--cap-drop", "ALL"]
+        args += ["--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib64", "sbin"):
             p = Path("/") / link
             if p.is_symlink():
@@ -134,43 +172,17 @@ class LocalSandbox:
         if self.spec.capture_socket is not None:
             args += ["--ro-bind", str(self.spec.capture_socket), f"{SOCKET_DIR}/capture.sock"]
         path = f"{RUNTIME_MOUNT}/bin:/usr/local/bin:/usr/bin:/bin"
-        full_env = {
-            "PATH": path,
-            "HOME": "/home/agent",
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "USER": "agent",
-            **GIT_ENV,
-            **self.spec.env,
-            **env,
-        }
+        env = {"PATH": path, "HOME": "/home/agent", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "USER": "agent", **GIT_ENV}
         args += ["--clearenv"]
-        for k, v in full_env.items():
+        for k, v in {**env, **self.spec.env}.items():  # non-secret values only (argv is visible in ps)
             args += ["--setenv", k, v]
-        args += ["--chdir", self.spec.workdir]
-        return args
+        return [*args, "--chdir", self.spec.workdir]
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        relay: bool = False,
-        env: dict[str, str] | None = None,
-    ) -> ExecResult:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        if relay:
-            if self.spec.capture_socket is None:
-                raise SandboxError("this sandbox has no capture relay")
-            cmd = (
-                f"python3 /opt/swe-gym/relay.py {RELAY_PORT} {SOCKET_DIR}/capture.sock /tmp/.relay-ready &\n"
-                "i=0; while [ ! -f /tmp/.relay-ready ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
-                "[ -f /tmp/.relay-ready ] || { echo 'capture relay did not start' >&2; exit 97; }\n"
-                f"{cmd}"
-            )
-        argv = [*self._argv(env or {}), "--", "/bin/sh", "-c", cmd]
+    async def _spawn(self, script: str, stdin: bytes | None) -> PipeProcess:
+        left = max(1, math.ceil(self.remaining()))
+        argv = [*self._argv(), "--", "timeout", "-s", "KILL", str(left), "/bin/sh", "-c", script]
+        if self.cgroup is not None:
+            argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self.cgroup.procs_files, "--", *argv]
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -178,29 +190,14 @@ class LocalSandbox:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        self._procs.add(proc)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-            return ExecResult(proc.returncode or 0, clip(out), clip(err))
-        except TimeoutError:
-            await self._kill(proc)
-            return ExecResult(124, "", f"timed out after {timeout:.0f}s", timed_out=True)
-        finally:
-            if proc.returncode is None:
-                await self._kill(proc)
-            self._procs.discard(proc)
-            if relay:
-                (self.root / "tmp" / ".relay-ready").unlink(missing_ok=True)
 
-    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            pass
+        async def kill() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        return PipeProcess(proc, stdin, kill)
 
     def _host_path(self, path: str) -> Path:
         root = self.root
@@ -227,16 +224,7 @@ class LocalSandbox:
         with os.fdopen(fd, "rb") as f:
             return f.read(limit)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for proc in list(self._procs):
-            await self._kill(proc)
+    async def _teardown(self) -> None:
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.remove)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
-
-    async def __aenter__(self) -> LocalSandbox:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()

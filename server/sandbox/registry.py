@@ -1,20 +1,80 @@
-"""Sandbox backends by name: adding one is a class with `create(spec)` plus one entry here."""
+"""Sandbox backends by name: adding one is a class with `create(spec)` plus one entry here.
+
+Classes are imported on first use (optional SDKs load lazily); each row names what it needs for the install hint.
+Every sandbox gets this server's id, incarnation, host and pid as labels, so `reap_orphans` can find what a
+killed server left behind (containers and cloud sandboxes by label, local dirs and cgroups by pid).
+"""
 
 from __future__ import annotations
 
-from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
-from swe_gym_env.server.sandbox.local import LocalSandbox
+import asyncio
+import dataclasses
+import importlib
+import logging
+import os
+import re
 
-BACKENDS = {"local": LocalSandbox}
+from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec, SandboxUnavailable
+from swe_gym_env.server.tempdirs import HOST, INCARNATION, server_id
+
+log = logging.getLogger(__name__)
+
+# name -> ("module:Class", what to install when it is missing)
+BACKENDS: dict[str, tuple[str, str]] = {
+    "local": ("swe_gym_env.server.sandbox.local:LocalSandbox", "apt-get install bubblewrap; swe-gym-env setup"),
+    "docker": ("swe_gym_env.server.sandbox.docker:DockerSandbox", "scripts/setup_docker.sh (docker.io + dockerd)"),
+    "hf": ("swe_gym_env.server.sandbox.hf:HFSandbox", "pip install 'huggingface_hub>=1.22' and an HF token"),
+    "e2b": ("swe_gym_env.server.sandbox.e2b:E2BSandbox", "pip install 'swe_gym_env[sandboxes]' and E2B_API_KEY"),
+}
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_loaded: dict[str, type] = {}
+
+
+def backend_class(name: str) -> type:
+    if name not in BACKENDS:
+        raise SandboxError(f"unknown sandbox backend {name!r}; known: {sorted(BACKENDS)}")
+    if name not in _loaded:
+        target, hint = BACKENDS[name]
+        module, cls = target.split(":")
+        try:
+            _loaded[name] = getattr(importlib.import_module(module), cls)
+        except ImportError as e:
+            raise SandboxUnavailable(f"sandbox backend {name!r} cannot load ({e}); install: {hint}") from e
+    return _loaded[name]
+
+
+def server_labels(spec: SandboxSpec) -> dict[str, str]:
+    labels = {"server": server_id(), "incarnation": INCARNATION, "host": HOST, "pid": str(os.getpid()), **spec.labels}
+    for k, v in labels.items():
+        if not LABEL_VALUE.match(k) or not LABEL_VALUE.match(v):
+            raise SandboxError(f"bad sandbox label {k[:70]!r}={v[:70]!r}: [A-Za-z0-9_.-]{{1,64}} only")
+    return labels
 
 
 def reap_orphans() -> list[str]:
-    """What each backend left behind from server processes that died (sandboxes, dirs)."""
-    return [item for cls in BACKENDS.values() if hasattr(cls, "reap_orphans") for item in cls.reap_orphans()]
+    """What each loadable backend left behind from server processes that died (sandboxes, dirs, cgroups)."""
+    found: list[str] = []
+    for name in BACKENDS:
+        try:
+            cls = backend_class(name)
+        except SandboxUnavailable:
+            continue
+        if hasattr(cls, "reap_orphans"):
+            try:
+                found += cls.reap_orphans()
+            except Exception as e:  # one backend's trouble (daemon down, no token) must not stop the others
+                log.warning("reaping %s sandboxes failed: %s", name, e)
+    return found
+
+
+async def reap_forever(interval_s: float = 300.0) -> None:
+    """Run `reap_orphans` now and then every `interval_s` (a task for the server's lifespan)."""
+    while True:
+        await asyncio.to_thread(reap_orphans)
+        await asyncio.sleep(interval_s)
 
 
 async def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
-    cls = BACKENDS.get(backend)
-    if cls is None:
-        raise SandboxError(f"unknown sandbox backend {backend!r}; known: {sorted(BACKENDS)}")
+    cls = backend_class(backend)
+    spec = dataclasses.replace(spec, labels=server_labels(spec))
     return await cls.create(spec)

@@ -1,0 +1,294 @@
+"""`docker` sandbox backend: one container per sandbox from the task's image (e.g. SWE-Gym's
+`xingyaoww/sweb.eval.x86_64.*`), driven with the docker CLI.
+
+- Network: `--network none`; the only way out is the server's capture unix socket mounted at
+  /run/swe-gym/capture.sock, to which an in-container relay forwards 127.0.0.1:RELAY_PORT (needs python3 in the
+  image: /usr/bin/python3 or SWE-Gym's /opt/miniconda3/bin/python3).
+- Mounts (read-only): the capture socket, the relay script, the agent install (spec.ro_mounts) and, for a task with
+  a local repository, its git bundle (cloned inside at start). Images without a repo source must hold the repo at
+  the workdir (SWE-Gym images: /testbed). The host's task runtime (Python venv with pytest, plus the host Python's own
+  prefix when it is not under /usr) is mounted and put on PATH only for the default image (built by
+  scripts/setup_docker.sh from Debian bookworm, the host's distribution, so host binaries run in it).
+- Node for the agent CLI: with the default image the host's `node` binary is mounted at /usr/local/bin/node (it
+  needs only glibc and libstdc++); a task image must bring its own Node >= 20 (SWE-Gym images have none: not done).
+- Environment through `--env-file` (never `-e K=V`, which is argv); secrets through a 0600 file in the container.
+- Expiry: the container's main process is `sleep <deadline>` under docker-init with `--rm`, so it removes itself at
+  its deadline even if no server is left; labels `swe-gym.server/host/pid/rollout/expires` let a restarted
+  server reap containers whose server process is gone (`reap_orphans`).
+- Every command runs as its own session under `timeout -s KILL`; its session id is kept in a pid file so `kill`
+  stops the whole tree inside the container (killing the `docker exec` client alone would not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from swe_gym_env.server.assets import task_runtime_dir
+from swe_gym_env.server.sandbox.base import (
+    LABEL_PREFIX,
+    RELAY_PORT,
+    SECRETS_FILE,
+    ExecResult,
+    PipeProcess,
+    SandboxBase,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailable,
+    strip_history_script,
+)
+from swe_gym_env.server.sandbox.local import RELAY_SCRIPT, RUNTIME_MOUNT, SOCKET_DIR
+from swe_gym_env.server.tempdirs import owner_dead, server_id
+
+DEFAULT_IMAGE = os.environ.get("SWE_GYM_DOCKER_IMAGE", "swe-gym-env/base:bookworm")
+BUNDLE_MOUNT = "/opt/swe-gym/repo"
+HOME = "/home/agent"
+FIND_PYTHON = "PY=$(command -v python3 || echo /opt/miniconda3/bin/python3); "
+
+
+def docker_bin() -> str:
+    path = shutil.which("docker")
+    if path is None:
+        raise SandboxUnavailable(
+            "the docker CLI is missing: apt-get install docker.io (or run scripts/setup_docker.sh)"
+        )
+    return path
+
+
+async def docker(*args: str, stdin: bytes | None = None, timeout: float = 120) -> tuple[int, bytes, bytes]:
+    proc = await asyncio.create_subprocess_exec(
+        docker_bin(),
+        *args,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SandboxError(f"docker {args[0]} timed out after {timeout:.0f}s") from None
+    return proc.returncode or 0, out, err
+
+
+def _sync_docker(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([docker_bin(), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def preflight() -> tuple[bool, str]:
+    try:
+        r = _sync_docker("version", "--format", "{{.Server.Version}}", timeout=10)
+    except SandboxUnavailable as e:
+        return False, str(e)
+    except subprocess.TimeoutExpired:
+        return False, "the docker daemon does not answer (10 s): start dockerd (scripts/setup_docker.sh)"
+    if r.returncode != 0:
+        return False, f"no docker daemon: {r.stderr.strip()[:200]}; start one (scripts/setup_docker.sh)"
+    have = _sync_docker("image", "inspect", DEFAULT_IMAGE, timeout=10).returncode == 0
+    return True, f"dockerd {r.stdout.strip()}; default image {DEFAULT_IMAGE} {'present' if have else 'MISSING'}"
+
+
+def reap_orphans() -> list[str]:
+    """Containers labelled with this server's id whose server process is gone, or past their deadline."""
+    try:
+        r = _sync_docker(
+            "ps",
+            "-a",
+            "--filter",
+            f"label={LABEL_PREFIX}.server={server_id()}",
+            "--format",
+            f'{{{{.ID}}}} {{{{.Label "{LABEL_PREFIX}.host"}}}} {{{{.Label "{LABEL_PREFIX}.pid"}}}} '
+            f'{{{{.Label "{LABEL_PREFIX}.expires"}}}}',
+        )
+    except (SandboxUnavailable, subprocess.TimeoutExpired):
+        return []
+    if r.returncode != 0:
+        return []
+    doomed = []
+    for line in r.stdout.splitlines():
+        cid, host, pid, expires = [*line.split(), "", "", "", ""][:4]
+        if owner_dead({"host": host, "pid": pid}) or (expires.isdigit() and int(expires) < time.time()):
+            doomed.append(cid)
+    if doomed:
+        _sync_docker("rm", "-f", *doomed, timeout=120)
+    return [f"docker:{c}" for c in doomed]
+
+
+class DockerSandbox(SandboxBase):
+    reap_orphans = staticmethod(reap_orphans)
+    preflight = staticmethod(preflight)
+
+    def __init__(self, spec: SandboxSpec, name: str, image: str) -> None:
+        super().__init__(spec)
+        self.name = name
+        self.image = image
+        self._started = False
+        if spec.capture_socket is not None:
+            self.capture_base_url = f"http://127.0.0.1:{RELAY_PORT}/capture"
+            self.relay_prefix = (
+                FIND_PYTHON + f'"$PY" /opt/swe-gym/relay.py {RELAY_PORT} {SOCKET_DIR}/capture.sock '
+                "/tmp/.swe-gym/relay-ready-$$ &\n"
+                "i=0; while [ ! -f /tmp/.swe-gym/relay-ready-$$ ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
+                "[ -f /tmp/.swe-gym/relay-ready-$$ ] || { echo 'capture relay did not start' >&2; exit 97; }\n"
+                "rm -f /tmp/.swe-gym/relay-ready-$$"
+            )
+
+    @classmethod
+    async def create(cls, spec: SandboxSpec) -> DockerSandbox:
+        image = spec.image or DEFAULT_IMAGE
+        rc, _, err = await docker("image", "inspect", "--format", "{{.Id}}", image, timeout=30)
+        if rc != 0:
+            if b"no such image" not in err.lower():
+                raise SandboxUnavailable(f"no docker daemon: {err.decode()[:200]}; start one (scripts/setup_docker.sh)")
+            raise SandboxUnavailable(
+                f"docker image {image!r} is not present and images are not pulled here: `docker pull`/`docker load` "
+                "it first (scripts/setup_docker.sh builds the default image)"
+            )
+        sbx = cls(spec, f"swe-gym-{uuid.uuid4().hex[:16]}", image)
+        try:
+            await sbx._start()
+            await sbx._prepare()
+        except BaseException:
+            await sbx.close()
+            raise
+        return sbx
+
+    def _run_argv(self, env_file: str) -> list[str]:
+        spec, lim = self.spec, self.spec.limits
+        labels = {**spec.labels, "expires": str(int(self.expires_at))}
+        args = ["run", "-d", "--rm", "--init", "--name", self.name, "--network", "none", "--env-file", env_file]
+        args += ["--cpus", str(lim.cpus), "--memory", f"{lim.memory_mb}m", "--pids-limit", str(lim.pids)]
+        args += ["--security-opt", "no-new-privileges", "--workdir", "/"]
+        for k, v in labels.items():
+            args += ["--label", f"{LABEL_PREFIX}.{k}={v}"]
+        mounts = {str(RELAY_SCRIPT): "/opt/swe-gym/relay.py", **spec.ro_mounts}
+        if spec.capture_socket is not None:
+            mounts[str(spec.capture_socket)] = f"{SOCKET_DIR}/capture.sock"
+        if spec.repo_source:
+            mounts[str(Path(spec.repo_source).resolve())] = BUNDLE_MOUNT
+        if spec.image is None:  # the host's Python + pytest venv, as `local` mounts them (same distro)
+            base = str(Path(sys.base_prefix).resolve())
+            mounts[str(task_runtime_dir())] = RUNTIME_MOUNT
+            if not base.startswith("/usr"):
+                mounts[base] = base
+            if node := shutil.which("node"):  # the host's Node (the agent CLI needs >= 20; bookworm ships 18)
+                mounts[str(Path(node).resolve())] = "/usr/local/bin/node"
+        for host, inside in mounts.items():
+            args += ["--mount", f"type=bind,source={host},target={inside},readonly"]
+        return [*args, self.image, "sleep", str(max(1, math.ceil(spec.deadline_s)))]
+
+    def _env(self) -> dict[str, str]:
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        if self.spec.image is None:
+            path = f"{RUNTIME_MOUNT}/bin:{path}"
+        return {
+            "PATH": path,
+            "HOME": HOME,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_TERMINAL_PROMPT": "0",
+            **self.spec.env,
+        }
+
+    async def _start(self) -> None:
+        for k, v in self._env().items():
+            if "\n" in v or "\n" in k:
+                raise SandboxError(f"environment value for {k[:50]!r} has a newline (not allowed in an env file)")
+        fd, env_file = tempfile.mkstemp(prefix="swe-gym-env-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(f"{k}={v}\n" for k, v in self._env().items()))
+            rc, _, err = await docker(*self._run_argv(env_file), timeout=120)
+        finally:
+            os.unlink(env_file)
+        if rc != 0:
+            raise SandboxError(f"docker run failed: {err.decode('utf-8', 'replace').strip()[:500]}")
+        self._started = True
+
+    async def _root_exec(self, script: str, timeout: float = 300, stdin: bytes | None = None) -> ExecResult:
+        args = ["exec", *(["-i"] if stdin is not None else []), self.name, "/bin/sh", "-c", script]
+        rc, out, err = await docker(*args, stdin=stdin, timeout=timeout)
+        return ExecResult(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    async def _prepare(self) -> None:
+        q = shlex.quote
+        spec = self.spec
+        steps = [f"mkdir -p {HOME} /tmp/.swe-gym && chmod 1777 /tmp"]
+        steps.append(
+            f"printf '[user]\\n\\tname = agent\\n\\temail = agent@sandbox.invalid\\n[safe]\\n\\tdirectory = *\\n' "
+            f"> {HOME}/.gitconfig"
+        )
+        if spec.repo_source:
+            steps.append(f"rm -rf {q(spec.workdir)} && git clone -q --no-checkout {BUNDLE_MOUNT} {q(spec.workdir)}")
+            if not spec.strip_history:
+                steps.append(f"git -C {q(spec.workdir)} checkout -q {q(spec.base_commit)}")
+        if spec.base_commit and spec.strip_history:
+            steps.append(strip_history_script(spec.workdir, spec.base_commit))
+        r = await self._root_exec("set -e\n" + "\n".join(steps))
+        if not r.ok:
+            raise SandboxError(f"preparing the repository failed: {(r.stderr or r.stdout).strip()[-500:]}")
+        if spec.secrets:
+            await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+
+    async def _spawn(self, script: str, stdin: bytes | None) -> PipeProcess:
+        pidfile = f"/tmp/.swe-gym/p-{uuid.uuid4().hex[:12]}.pid"
+        left = str(max(1, math.ceil(self.remaining())))
+        inner = f'echo $$ > {pidfile}; exec timeout -s KILL {left} /bin/sh -c "$1"'
+        argv = ["exec", *(["-i"] if stdin is not None else []), self.name]
+        argv += ["setsid", "-w", "/bin/sh", "-c", inner, "sh", script]
+        proc = await asyncio.create_subprocess_exec(
+            docker_bin(),
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+        async def kill() -> None:
+            try:
+                script = f"[ -f {pidfile} ] && kill -9 -$(cat {pidfile})"
+                await docker("exec", self.name, "/bin/sh", "-c", script, timeout=30)
+            except SandboxError:
+                pass
+            if proc.returncode is None:
+                proc.kill()
+
+        return PipeProcess(proc, stdin, kill)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        script = f'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod {mode:o} "$1"'
+        rc, _, err = await docker("exec", "-i", self.name, "/bin/sh", "-c", script, "sh", path, stdin=data)
+        if rc != 0:
+            raise SandboxError(f"writing {path} failed: {err.decode('utf-8', 'replace').strip()[:300]}")
+
+    async def read_file(self, path: str, limit: int = 64 * 1024 * 1024) -> bytes:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        script = f'[ -f "$1" ] || exit 44; head -c {int(limit)} -- "$1"'
+        rc, out, err = await docker("exec", self.name, "/bin/sh", "-c", script, "sh", path)
+        if rc == 44:
+            raise FileNotFoundError(path)
+        if rc != 0:
+            raise SandboxError(f"reading {path} failed: {err.decode('utf-8', 'replace').strip()[:300]}")
+        return out
+
+    async def _teardown(self) -> None:
+        if self._started:
+            try:
+                await docker("rm", "-f", self.name, timeout=60)
+            except SandboxError:
+                pass  # `reap_orphans` and the container's own deadline remove it

@@ -1,0 +1,157 @@
+"""`e2b` sandbox backend: the `e2b` SDK's `AsyncSandbox` (extra `sandboxes`).
+
+- A template per image: `SWE_GYM_E2B_TEMPLATES` (JSON `{"image": "template"}`) names them; an image without an entry
+  is used as the template name itself. `create(template, timeout=deadline, metadata=labels, envs=env)`: the
+  provider's TTL is the deadline, so the sandbox dies by itself at its deadline.
+- Commands run detached (`commands.run(cmd, background=True, timeout=0)`), polled through the handle's exit code,
+  and killed (`handle.kill()` plus the whole session by pid file); files through `files.write/read`;
+  `get_host(port)` is how a caller reaches a port inside; teardown `kill()`.
+- Orphans: `Sandbox.list(query=SandboxQuery(metadata={server}))` and `Sandbox.kill(sandbox_id)`.
+The SDK is imported on first use; the calls and arguments are pinned by tests/test_sandbox_contracts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from swe_gym_env.server.sandbox.base import (
+    LABEL_PREFIX,
+    SECRETS_FILE,
+    SandboxBase,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailable,
+    strip_history_script,
+)
+from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached
+from swe_gym_env.server.tempdirs import owner_dead, server_id
+
+
+def _sdk():
+    try:
+        import e2b
+    except ImportError as e:
+        raise SandboxUnavailable("the e2b SDK is needed: pip install 'swe_gym_env[sandboxes]'") from e
+    return e2b
+
+
+def template_for(image: str) -> str:
+    table = json.loads(os.environ.get("SWE_GYM_E2B_TEMPLATES") or "{}")
+    return table.get(image, image)
+
+
+def preflight() -> tuple[bool, str]:
+    try:
+        _sdk()
+    except SandboxUnavailable as e:
+        return False, str(e)
+    if not os.environ.get("E2B_API_KEY"):
+        return False, "no E2B credentials: set E2B_API_KEY"
+    if not os.environ.get("SWE_GYM_PUBLIC_URL"):
+        return False, "SWE_GYM_PUBLIC_URL is not set: E2B sandboxes reach /capture at the server's public URL"
+    return True, "e2b SDK; E2B_API_KEY present"
+
+
+def reap_orphans() -> list[str]:
+    if not os.environ.get("E2B_API_KEY"):
+        return []
+    e2b = _sdk()
+    from e2b.sandbox.sandbox_api import SandboxQuery
+
+    killed = []
+    pages = e2b.Sandbox.list(query=SandboxQuery(metadata={f"{LABEL_PREFIX}-server": server_id()}))
+    while pages.has_next:
+        for info in pages.next_items():
+            labels = {k.removeprefix(f"{LABEL_PREFIX}-"): v for k, v in (info.metadata or {}).items()}
+            if owner_dead(labels):
+                e2b.Sandbox.kill(info.sandbox_id)
+                killed.append(f"e2b:{info.sandbox_id}")
+    return killed
+
+
+class E2BSandbox(SandboxBase):
+    reap_orphans = staticmethod(reap_orphans)
+    preflight = staticmethod(preflight)
+
+    def __init__(self, spec: SandboxSpec, sbx) -> None:
+        super().__init__(spec)
+        self.sbx = sbx
+        url = spec.capture_url or os.environ.get("SWE_GYM_PUBLIC_URL")
+        self.capture_base_url = f"{url.rstrip('/')}/capture" if url else None
+
+    @classmethod
+    async def create(cls, spec: SandboxSpec) -> E2BSandbox:
+        e2b = _sdk()
+        if not spec.image:
+            raise SandboxError("the e2b backend needs the task's image (mapped to an E2B template)")
+        if spec.repo_source:
+            raise SandboxError("the e2b backend takes the repository from the template (no local repository source)")
+        try:
+            sbx = await e2b.AsyncSandbox.create(
+                template=template_for(spec.image),
+                timeout=max(60, math.ceil(spec.deadline_s)),
+                metadata={f"{LABEL_PREFIX}-{k}": v for k, v in spec.labels.items()},
+                envs=dict(spec.env),
+            )
+        except Exception as e:
+            raise SandboxError(f"creating the E2B sandbox failed: {type(e).__name__}: {e}") from e
+        self = cls(spec, sbx)
+        try:
+            steps = [f"mkdir -p {STATE_DIR} /home/agent"]
+            if spec.base_commit and spec.strip_history:
+                steps.append(strip_history_script(spec.workdir, spec.base_commit))
+            res = await self.exec("set -e\n" + "\n".join(steps), timeout=600, cwd="/")
+            if not res.ok:
+                raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
+            if spec.secrets:
+                await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    def host(self, port: int) -> str:
+        """Where a port inside the sandbox answers from outside."""
+        return self.sbx.get_host(port)
+
+    async def _run_short(self, cmd: str) -> None:
+        try:
+            await self.sbx.commands.run(cmd, timeout=60)
+        except Exception:  # a non-zero exit raises in the SDK; a kill that finds nothing is fine
+            pass
+
+    async def _spawn(self, script: str, stdin: bytes | None) -> RemoteProcess:
+        pid_id, cmd = detached(script, self.remaining(), stdin is not None)
+        if stdin is not None:
+            await self.write_file(f"{STATE_DIR}/{pid_id}.in", stdin, 0o600)
+        handle = await self.sbx.commands.run(cmd, background=True, timeout=0)
+
+        async def finished() -> bool:
+            return handle.exit_code is not None
+
+        async def cancel() -> None:
+            try:
+                await handle.kill()
+            except Exception:
+                pass
+
+        return RemoteProcess(pid_id, finished, self.read_file, self._run_short, cancel)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        await self.sbx.files.write(path, data)
+        await self._run_short(f"chmod {mode:o} '{path}'" if "'" not in path else "true")
+
+    async def read_file(self, path: str, limit: int = 64 * 1024 * 1024) -> bytes:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        return bytes(await self.sbx.files.read(path, format="bytes"))[:limit]
+
+    async def _teardown(self) -> None:
+        try:
+            await self.sbx.kill()
+        except Exception:  # the provider's TTL and `reap_orphans` remove it
+            pass

@@ -1,0 +1,84 @@
+"""What the cloud backends (hf, e2b) share: every command runs detached, as its own session under
+`timeout -s KILL <time left>`, with stdin/stdout/stderr/exit code in files under /tmp/.swe-gym; the server polls for
+the exit code and reads the files back. A long foreground call is not activity for a cloud sandbox (HF's idle
+timeout), and a detached command survives a dropped connection. `kill` stops the whole session by its pid file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shlex
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from swe_gym_env.server.sandbox.base import ExecResult, clip
+
+STATE_DIR = "/tmp/.swe-gym"
+POLL_S = 1.0
+
+
+def detached(script: str, left: float, with_stdin: bool) -> tuple[str, str]:
+    """(process id, shell command that runs `script` detached with its output in files)."""
+    pid_id = uuid.uuid4().hex[:12]
+    p = f"{STATE_DIR}/{pid_id}"
+    inner = f'echo $$ > {p}.pid; exec timeout -s KILL {max(1, math.ceil(left))} /bin/sh -c "$1"'
+    stdin = f"{p}.in" if with_stdin else "/dev/null"
+    cmd = (
+        f"mkdir -p {STATE_DIR}; setsid -w /bin/sh -c {shlex.quote(inner)} sh {shlex.quote(script)} "
+        f"< {stdin} > {p}.out 2> {p}.err; echo $? > {p}.rc.tmp && mv {p}.rc.tmp {p}.rc"
+    )
+    return pid_id, cmd
+
+
+def kill_script(pid_id: str) -> str:
+    return f"[ -f {STATE_DIR}/{pid_id}.pid ] && kill -9 -$(cat {STATE_DIR}/{pid_id}.pid); true"
+
+
+class RemoteProcess:
+    """A detached command in a cloud sandbox; the backend supplies how to poll, read, run and cancel."""
+
+    def __init__(
+        self,
+        pid_id: str,
+        finished: Callable[[], Awaitable[bool]],
+        read: Callable[[str], Awaitable[bytes]],
+        run_short: Callable[[str], Awaitable[None]],
+        cancel: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.pid_id = pid_id
+        self._finished, self._read, self._run_short, self._cancel = finished, read, run_short, cancel
+        self.returncode: int | None = None
+
+    async def poll(self) -> int | None:
+        if self.returncode is None and await self._finished():
+            try:
+                self.returncode = int((await self._read(f"{STATE_DIR}/{self.pid_id}.rc")).strip() or b"137")
+            except Exception:  # killed before it could write its exit code
+                self.returncode = 137
+        return self.returncode
+
+    async def _output(self, name: str) -> str:
+        try:
+            return clip(await self._read(f"{STATE_DIR}/{self.pid_id}.{name}"))
+        except Exception:
+            return ""
+
+    async def wait(self, timeout: float | None = None) -> ExecResult:
+        end = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while await self.poll() is None:
+            if time.monotonic() >= end:
+                await self.kill()
+                out = await self._output("out")
+                return ExecResult(124, out, f"timed out after {timeout:.0f}s", timed_out=True)
+            await asyncio.sleep(min(POLL_S, max(0.05, end - time.monotonic())))
+        return ExecResult(self.returncode or 0, await self._output("out"), await self._output("err"))
+
+    async def kill(self) -> None:
+        try:
+            await self._run_short(kill_script(self.pid_id))
+        finally:
+            await self._cancel()
+            if self.returncode is None:
+                self.returncode = 137
