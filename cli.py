@@ -56,6 +56,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         f"scripted replies; tokenizer and template are real (SmolLM2, ChatML+tools).",
         flush=True,
     )
+    engine.capture_level = args.capture_level
     uvicorn.run(create_engine_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -283,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=int(os.environ.get("SWE_GYM_ENGINE_MAX_MODEL_LEN", "8192")),
         help="context length the engine enforces (default $SWE_GYM_ENGINE_MAX_MODEL_LEN or SmolLM2's 8192)",
+    )
+    e.add_argument(
+        "--capture-level",
+        choices=["tokens", "logprobs", "text"],
+        default="tokens",
+        help="answer like an engine that returns less (ids off, or ids and logprobs off): for certification tests",
     )
     e.set_defaults(func=cmd_engine)
     v = sub.add_parser("serve", help="the server: /mcp, /capture, /health")

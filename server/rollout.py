@@ -91,6 +91,7 @@ class ServerConfig:
             engines={"default": engine},
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
             context_window=int(os.environ.get("SWE_GYM_CONTEXT_WINDOW", "8192")),  # what agents are told
+            grading_timeout_s=float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_S", "300")),
             capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
             concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
             allow_engine_urls=engine_allowlist(),

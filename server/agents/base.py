@@ -18,6 +18,14 @@ class AgentError(RuntimeError):
         self.kind = kind
 
 
+@dataclass(frozen=True)
+class AgentStep:
+    """One model call the agent used, as its own events report it."""
+
+    completion_tokens: int | None = None
+    tool_call_ids: tuple[str, ...] = ()
+
+
 @dataclass
 class AgentOutcome:
     """What the agent's own event stream says happened."""
@@ -26,6 +34,13 @@ class AgentOutcome:
     error_kind: str | None = None  # endpoint_unreachable | agent_crashed | no_model_calls | timeout
     error: str | None = None
     completion_tokens: list[int] = field(default_factory=list)
+    steps: list[AgentStep] = field(default_factory=list)
+
+    def add_step(self, completion_tokens: int | None, tool_call_ids: tuple[str, ...] = ()) -> None:
+        self.model_calls += 1
+        if completion_tokens is not None:
+            self.completion_tokens.append(completion_tokens)
+        self.steps.append(AgentStep(completion_tokens, tool_call_ids))
 
 
 @dataclass(frozen=True)
@@ -36,28 +51,74 @@ class AgentConfig:
     max_tokens: int
 
 
+@dataclass(frozen=True)
+class Reconciliation:
+    verdict: str  # match | mismatch | none
+    detail: str
+    unused: tuple[int, ...] = ()  # captured turns the agent never used (retried, dropped): demoted
+    missing: int = 0  # agent steps the capture does not hold: the capture is incomplete
+
+
+def _steps(outcome: AgentOutcome) -> list[AgentStep]:
+    if outcome.steps:
+        return list(outcome.steps)
+    steps = [AgentStep(n) for n in outcome.completion_tokens]
+    return steps + [AgentStep() for _ in range(outcome.model_calls - len(steps))]
+
+
+def _differs(step: AgentStep, turn: Turn) -> str | None:
+    """Why this agent step is not this captured turn (None: they agree as far as the agent reports)."""
+    if step.tool_call_ids:
+        ids = tuple(c.get("id") for c in turn.response_message.get("tool_calls") or [])
+        if ids != step.tool_call_ids:
+            return f"the agent ran tool calls {list(step.tool_call_ids)}, the capture answered {list(ids)}"
+    if step.completion_tokens is not None and step.completion_tokens != len(turn.completion_token_ids):
+        return (
+            f"the agent reports {step.completion_tokens} completion tokens, "
+            f"the capture holds {len(turn.completion_token_ids)}"
+        )
+    return None
+
+
+def reconcile(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> Reconciliation:
+    """The agent's own trace against the capture, call by call, in order.
+
+    Each captured turn is matched to the agent's next step (same tool-call ids, same completion token count where
+    the agent reports them). A turn no step matches was never used by the agent (a retry, a dropped reply); steps
+    left over after the last turn are budget replies (answered by the proxy, never captured) up to their count,
+    and missing from the capture beyond it.
+    """
+    steps = _steps(outcome)
+    if not steps and outcome.error_kind is None:
+        return Reconciliation("none", "the agent left no trace of model calls")
+    j, unused, first = 0, [], None
+    for turn in turns:
+        why = _differs(steps[j], turn) if j < len(steps) else "the agent reports no step for it"
+        if why is None:
+            j += 1
+            continue
+        unused.append(turn.index)
+        first = first or f"call {turn.index}: {why}"
+    missing = max(0, len(steps) - j - budget_replies)
+    if not unused and not missing:
+        return Reconciliation("match", f"{len(turns)} calls agree (tool-call ids and completion token counts)")
+    counts = (
+        f"the agent reports {len(steps)} model calls ({budget_replies} budget replies), "
+        f"the capture holds {len(turns)} turns"
+    )
+    return Reconciliation("mismatch", f"{first}; {counts}" if first else counts, tuple(unused), missing)
+
+
 def cross_check(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> tuple[str, str]:
     """Reconcile the agent's own trace with the capture: ("match" | "mismatch" | "none", detail)."""
-    if outcome.model_calls == 0 and not outcome.completion_tokens and outcome.error_kind is None:
-        return "none", "the agent left no trace of model calls"
-    expected = outcome.model_calls - budget_replies
-    if expected != len(turns):
-        return "mismatch", (
-            f"the agent reports {outcome.model_calls} model calls ({budget_replies} budget replies), "
-            f"the capture holds {len(turns)} turns"
-        )
-    reported = outcome.completion_tokens[: len(turns)]
-    for i, (n, turn) in enumerate(zip(reported, turns, strict=False)):
-        if n != len(turn.completion_token_ids):
-            return "mismatch", (
-                f"call {i}: the agent reports {n} completion tokens, the capture holds {len(turn.completion_token_ids)}"
-            )
-    return "match", f"{len(turns)} calls, completion token counts agree"
+    r = reconcile(outcome, turns, budget_replies)
+    return r.verdict, r.detail
 
 
 class Harness(Protocol):
     name: ClassVar[str]
     version: ClassVar[str]
+    requires_node: ClassVar[bool]  # the sandbox must bring Node >= 20.6 (else a bootstrap step must add it)
 
     def install_dir(self) -> Path: ...
 

@@ -23,6 +23,7 @@ class PiHarness:
     name = "pi"
     version = "0.73.1"
     package = "@mariozechner/pi-coding-agent"
+    requires_node = True
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"pi-{self.version}"
@@ -115,10 +116,10 @@ class PiHarness:
             if msg.get("stopReason") == "error":
                 errors.append(str(msg.get("errorMessage") or "model call failed"))
                 continue
-            out.model_calls += 1
             usage = msg.get("usage") or {}
-            if isinstance(usage.get("output"), int):
-                out.completion_tokens.append(usage["output"])
+            parts = msg.get("content") if isinstance(msg.get("content"), list) else []
+            calls = tuple(str(p.get("id")) for p in parts if isinstance(p, dict) and p.get("type") == "toolCall")
+            out.add_step(usage["output"] if isinstance(usage.get("output"), int) else None, calls)
         if errors and out.model_calls == 0:
             low = errors[-1].lower()
             out.error_kind = (

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from swe_gym_env.server.agents.base import AgentError, Harness
+from swe_gym_env.server.agents.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.pi import PiHarness
 
-HARNESSES: dict[str, type] = {"pi": PiHarness}
+HARNESSES: dict[str, type] = {"pi": PiHarness, "opencode": OpenCodeHarness}
 
 
 def get_harness(name: str) -> Harness:

@@ -1,0 +1,180 @@
+"""OpenCode (`opencode-ai`), run headless: `opencode run --format json --title task`, prompt on stdin, JSONL out.
+
+Only the platform binary is installed (`opencode-linux-x64`: one self-contained Bun executable, no install script).
+Offline hygiene, all of it needed (NOTES §3): no models.dev fetch, no project config (a task repo's own
+`opencode.json` would otherwise replace our provider and redirect the agent), the `@opencode-ai/plugin` install
+pre-seeded as already done, every XDG dir and TMPDIR private to the rollout, ripgrep on PATH.
+
+Each model call is one `step_start … step_finish` pair in the events; a failed call is an `error` event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from swe_gym_env.server.agents.base import AGENT_HOME, AGENT_MOUNT, AgentConfig, AgentError, AgentOutcome
+from swe_gym_env.server.assets import cache_dir
+
+PROVIDER = "capture"
+KEY_ENV = "SWE_GYM_CAPTURE_KEY"
+HOME = f"{AGENT_HOME}/.opencode-run"  # every XDG dir and TMPDIR of the agent live here
+EVENTS = f"{AGENT_HOME}/opencode-events.jsonl"
+STDERR = f"{AGENT_HOME}/opencode-stderr.txt"
+PLUGIN = "@opencode-ai/plugin"
+UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
+
+
+class OpenCodeHarness:
+    name = "opencode"
+    version = "1.18.33"
+    package = "opencode-linux-x64"
+    requires_node = False  # one self-contained Bun executable
+
+    def install_dir(self) -> Path:
+        return cache_dir() / "agents" / f"opencode-{self.version}"
+
+    def binary(self, root: Path) -> Path:
+        return root / "node_modules" / self.package / "bin" / "opencode"
+
+    def _tools_ok(self, root: Path) -> bool:
+        return (root / "bin" / "rg").exists()
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        if not self.binary(root).is_file():
+            root.mkdir(parents=True, exist_ok=True)
+            log(f"installing {self.package}@{self.version} with npm into {root}")
+            subprocess.run(
+                [
+                    "npm",
+                    "install",
+                    "--prefix",
+                    str(root),
+                    "--no-audit",
+                    "--no-fund",
+                    "--loglevel=error",
+                    f"{self.package}@{self.version}",
+                ],
+                check=True,
+            )
+            if not self.binary(root).is_file():
+                raise AgentError("install", f"npm install finished but {self.binary(root)} is missing")
+        self._link_tools(root)
+        return root
+
+    @staticmethod
+    def _link_tools(root: Path) -> None:
+        """`bin/rg` and `bin/fd` beside the binary (Debian names fd `fdfind`); without rg OpenCode downloads it."""
+        bin_dir = root / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        for name, candidates in (("rg", ("rg",)), ("fd", ("fd", "fdfind"))):
+            found = next((p for c in candidates if (p := shutil.which(c))), None)
+            link = bin_dir / name
+            if found is None:
+                if name == "rg":
+                    raise AgentError("install", "ripgrep is missing: `apt-get install ripgrep` (OpenCode needs rg)")
+                continue
+            if not link.exists():
+                os.symlink(os.path.realpath(found), link)
+
+    def mounts(self) -> dict[str, str]:
+        root = self.install_dir()
+        if not self.binary(root).is_file() or not os.access(self.binary(root), os.X_OK):
+            raise AgentError("install", f"OpenCode {self.version} is not installed at {root}: run `swe-gym-env setup`")
+        if not self._tools_ok(root):
+            raise AgentError("install", f"OpenCode's ripgrep link is missing in {root}/bin: run `swe-gym-env setup`")
+        return {str(root): f"{AGENT_MOUNT}/opencode"}
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {
+                PROVIDER: {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": PROVIDER,
+                    "options": {"baseURL": f"{cfg.base_url}/v1", "apiKey": "{env:" + KEY_ENV + "}"},
+                    "models": {
+                        cfg.model: {
+                            "name": cfg.model,
+                            "tool_call": True,
+                            "limit": {"context": cfg.context_window, "output": cfg.max_tokens},
+                        }
+                    },
+                }
+            },
+            "model": f"{PROVIDER}/{cfg.model}",
+            "small_model": f"{PROVIDER}/{cfg.model}",
+            "autoupdate": False,
+            "share": "disabled",
+            "snapshot": False,
+        }
+        conf_dir = f"{HOME}/config/opencode"
+        # Pre-seeded as if the plugin install had already run: otherwise OpenCode runs `bun install` in the background.
+        package = {"dependencies": {PLUGIN: self.version}}
+        lock = {"lockfileVersion": 3, "packages": {"": {"dependencies": {PLUGIN: self.version}}}}
+        return {
+            f"{conf_dir}/opencode.json": (json.dumps(config, indent=2).encode(), 0o600),
+            f"{conf_dir}/package.json": (json.dumps(package).encode(), 0o600),
+            f"{conf_dir}/package-lock.json": (json.dumps(lock).encode(), 0o600),
+            f"{conf_dir}/node_modules/.keep": (b"", 0o600),
+            f"{HOME}/tmp/.keep": (b"", 0o600),
+            f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
+            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+        }
+
+    def command(self, cfg: AgentConfig) -> str:
+        mount = f"{AGENT_MOUNT}/opencode"
+        return (
+            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
+            f"export PATH={mount}/bin:$PATH XDG_CONFIG_HOME={HOME}/config XDG_CACHE_HOME={HOME}/cache "
+            f"XDG_DATA_HOME={HOME}/data XDG_STATE_HOME={HOME}/state TMPDIR={HOME}/tmp "
+            "OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_PROJECT_CONFIG=1 OPENCODE_DISABLE_FFF=1 "
+            "OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 OPENCODE_DISABLE_SHARE=1\n"
+            "unset OPENCODE_CONFIG OPENCODE_CONFIG_CONTENT OPENCODE_CONFIG_DIR\n"
+            f"{mount}/node_modules/{self.package}/bin/opencode run --format json --title task "
+            f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {STDERR}"
+        )
+
+    events_path = EVENTS
+    log_path = STDERR
+
+    def parse_events(self, text: str) -> AgentOutcome:
+        out = AgentOutcome()
+        errors: list[str] = []
+        calls: list[str] = []  # tool calls of the step in progress
+        for line in text.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            kind = ev.get("type")
+            part = ev.get("part") if isinstance(ev.get("part"), dict) else {}
+            if kind == "step_start":
+                calls = []
+            elif kind == "tool_use" and part.get("callID"):
+                calls.append(str(part["callID"]))
+            elif kind == "step_finish":
+                tokens = part.get("tokens") or {}
+                out.add_step(tokens["output"] if isinstance(tokens.get("output"), int) else None, tuple(calls))
+                calls = []
+            elif kind == "error":
+                err = ev.get("error") or {}
+                data = err.get("data") if isinstance(err, dict) else None
+                message = (data or {}).get("message") if isinstance(data, dict) else None
+                name = err.get("name") if isinstance(err, dict) else None
+                errors.append(f"{name or 'error'}: {message or json.dumps(err)[:300]}")
+        if errors and out.model_calls == 0:
+            low = errors[-1].lower()
+            out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"
+            out.error = errors[-1][:500]
+        elif errors:
+            out.error_kind = "agent_crashed"
+            out.error = f"{len(errors)} model call(s) failed in the agent: {errors[-1][:400]}"
+        return out
