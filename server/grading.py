@@ -87,6 +87,7 @@ def eval_script(task: Task, has_patch: bool, junit_path: str | None) -> str:
             [
                 *([task.env_activation] if task.env_activation else []),
                 f"cd {q(task.workdir)}",
+                *task.setup_commands,  # the task's setup, as the agent had it (a failure shows in the test log)
                 apply_model,
                 f"git checkout {q(task.base_commit)} -- {files} 2>/dev/null || true",
                 f"git apply --verbose /tmp/grading/test.patch || {{ echo '{TEST_PATCH_FAILED}'; exit 3; }}",

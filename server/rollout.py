@@ -29,7 +29,6 @@ from swe_gym_env.server.sandbox.base import ExecResult, Sandbox, SandboxError, S
 from swe_gym_env.server.sandbox.registry import create_sandbox, reap_orphans
 from swe_gym_env.server.security import engine_allowlist, engine_url_allowed
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
-from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import (
     Finding,
     Phase,
@@ -42,6 +41,7 @@ from swe_gym_env.wire import (
 
 Notify = Callable[[str], Awaitable[None]]
 DIFF_LIMIT = 4 * 1024 * 1024
+SETUP_TIMEOUT_S = 600.0
 POLL_S = 0.1  # how often the agent phase looks at the session (the events file: every POLL_EVENTS_S)
 POLL_EVENTS_S = 1.0
 BUDGET_GRACE_S = 15.0  # an agent still calling this long after its budget ran out is stopped
@@ -387,6 +387,21 @@ class RolloutService:
                 prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)
                 for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
                     await sbx.write_file(path, data, mode)
+                if task.setup_commands:  # the task's own setup, before the agent starts
+                    await sbx.write_file("/tmp/.swe-gym-setup.sh", task.setup_script().encode(), 0o700)
+                    r = await sbx.exec("bash /tmp/.swe-gym-setup.sh", timeout=SETUP_TIMEOUT_S)
+                    if not r.ok:
+                        why = "timed out" if r.timed_out else f"exit {r.exit_code}"
+                        raise RolloutFailure("boot", f"task setup commands failed ({why}): {r.stderr[-500:]}")
+                    # what setup changed is the agent's starting point, not part of its diff (grading re-runs setup)
+                    r = await sbx.exec(
+                        "git add -A -- . && git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q "
+                        "--allow-empty --no-verify -m 'task setup' && git rev-parse HEAD",
+                        timeout=120,
+                    )
+                    if not r.ok:
+                        raise RolloutFailure("boot", f"could not record the state after task setup: {r.stderr[-300:]}")
+                    state["diff_base"] = r.stdout.strip().splitlines()[-1]
             except SandboxError as e:
                 raise RolloutFailure("boot", str(e)) from e
             timings["boot"] = time.monotonic() - t
@@ -417,7 +432,7 @@ class RolloutService:
                 raise RolloutFailure("agent", f"cross-check mismatch: {state['cross_check'][1]}")
 
             rec.set_phase("diff")
-            state["patch"] = patch = await self._extract_diff(sbx, task)
+            state["patch"] = patch = await self._extract_diff(sbx, state.get("diff_base") or task.base_commit)
         finally:
             if sbx is not None:
                 await sbx.close()
@@ -590,8 +605,7 @@ class RolloutService:
             return ""
         return text[-tail:] if tail else text
 
-    async def _extract_diff(self, sbx: Sandbox, task: Task) -> str:
-        base = task.base_commit
+    async def _extract_diff(self, sbx: Sandbox, base: str) -> str:
         r = await sbx.exec(
             f"git add -A -- . {DIFF_EXCLUDES} && git diff --cached --binary --no-color "
             f"--no-ext-diff {shlex.quote(base)} > /tmp/.model.patch",

@@ -89,6 +89,9 @@ def normalise_row(row: dict[str, Any], kind: Kind, source: str) -> dict[str, Any
     out["dataset"] = source
     if row.get("repo_source"):
         out["repo_source"] = row["repo_source"]
+    setup = _json_field(row.get("setup_commands"))
+    if setup:  # our own field (any schema): a list of shell lines, or one line
+        out["setup_commands"] = [setup] if isinstance(setup, str) else setup
     if kind == "swe-gym":
         out["image"] = row.get("image") or swe_gym_image(iid)
         out["env_activation"] = CONDA_ACTIVATE

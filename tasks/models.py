@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -34,6 +35,9 @@ class Task(BaseModel):
     test_cmd: str = Field("python -m pytest -rA -p no:cacheprovider", max_length=500)
     log_parser: str = Field("parse_log_pytest", pattern=r"^[a-z0-9_]{1,64}$")
     dataset: str = Field("bundled", max_length=200, description="Where the row came from.")
+    setup_commands: list[str] = Field(
+        [], max_length=32, description="Shell lines run in the work dir before the agent starts (and before grading)."
+    )
 
     @field_validator("instance_id")
     @classmethod
@@ -55,6 +59,19 @@ class Task(BaseModel):
         if v is not None and ("\n" in v or "\0" in v):
             raise ValueError("must be a single line")
         return v
+
+    @field_validator("setup_commands")
+    @classmethod
+    def _setup_lines(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if "\n" in line or "\0" in line or len(line) > 2000:
+                raise ValueError("each setup command must be a single line of at most 2000 characters")
+        return v
+
+    def setup_script(self) -> str:
+        """The setup commands as one script: env activation, the work dir, then each line; stops at a failure."""
+        lines = [*([self.env_activation] if self.env_activation else []), f"cd {shlex.quote(self.workdir)}"]
+        return "set -e\n" + "\n".join([*lines, *self.setup_commands]) + "\n"
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod

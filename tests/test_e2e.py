@@ -169,3 +169,27 @@ async def test_code_that_forges_passed_lines_gets_no_reward_and_a_clear_error(tm
     assert "PASSED tests/test_chunks.py::test_chunked_keeps_partial_tail" in result.model_patch
     assert not result.ok and result.phase == "grade" and result.reward is None
     assert "JUnit" in result.error
+
+
+async def test_task_setup_commands_run_before_the_agent_and_stay_out_of_its_diff(tmp_path):
+    """A split whose task brings setup commands: they run in the sandbox first; their effects are the agent's starting
+    point (not in its diff); grading runs them again; a failing setup fails the boot phase."""
+    from swe_gym_env.tasks.catalog import bundled_tasks
+
+    base = bundled_tasks()[0].model_dump()
+    rows = [
+        {**base, "setup_commands": ["echo prepared > SETUP_MARKER", "test -s SETUP_MARKER"]},
+        {**base, "instance_id": base["instance_id"] + "-broken", "setup_commands": ["echo no >&2; exit 3"]},
+    ]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stack = Stack("oracle", env={"SWE_GYM_DATASETS": f"withsetup={tmp_path / 'tasks.jsonl'}"})
+    try:
+        async with SweGymClient(stack.mcp_url) as c:
+            good = await c.run_rollout(split="withsetup", index=0)
+            broken = await c.run_rollout(split="withsetup", index=1)
+    finally:
+        stack.stop()
+    assert good.ok and good.reward == 1.0, (good.phase, good.error)
+    assert "SETUP_MARKER" not in (good.model_patch or "") and good.model_patch
+    assert not broken.ok and broken.phase == "boot" and broken.reward is None
+    assert "task setup commands failed (exit 3)" in broken.error and "no" in broken.error

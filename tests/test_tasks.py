@@ -53,3 +53,18 @@ def test_unknown_task_is_a_clear_error():
         get_task("bundled", 99)
     with pytest.raises(TaskNotFound, match="unknown split"):
         get_task("nope", 0)
+
+
+def test_setup_commands_are_single_lines_and_run_in_the_workdir():
+    import pytest
+    from pydantic import ValidationError
+
+    from swe_gym_env.tasks.loaders import normalise_row
+
+    row = {**bundled_tasks()[0].model_dump(), "setup_commands": '["echo one", "touch ready"]'}
+    task = Task.model_validate(normalise_row(row, "swe-gym", "local"))
+    assert task.setup_commands == ["echo one", "touch ready"]
+    script = task.setup_script()
+    assert script.startswith("set -e\n") and "cd /testbed\n" in script and script.endswith("touch ready\n")
+    with pytest.raises(ValidationError):
+        Task.model_validate({**row, "setup_commands": ["echo a\nrm -rf /"]})
