@@ -119,7 +119,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             stack.callback(lambda: (p.terminate(), p.wait(10)))
             return p
 
-        engine = start([*me, "engine", "--port", str(engine_port), "--policy", args.policy])
+        # OpenCode's first prompt is ~7.9k tokens: give it the context a real deployment would (the server reads it
+        # from the engine's /v1/models)
+        context = ["--max-model-len", "32768"] if args.harness == "opencode" else []
+        engine = start([*me, "engine", "--port", str(engine_port), "--policy", args.policy, *context])
         _wait_healthy(f"http://127.0.0.1:{engine_port}/health", engine)
         server = start([*me, "serve", "--port", str(server_port), "--engine-url", f"http://127.0.0.1:{engine_port}/v1"])
         _wait_healthy(f"http://127.0.0.1:{server_port}/health", server)
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ps.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="a Space variable (repeatable)")
     ps.set_defaults(func=cmd_push)
     d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
-    d.add_argument("--harness", default="pi", choices=["pi"])
+    d.add_argument("--harness", default="pi", choices=["pi", "opencode"])
     d.add_argument("--policy", default="oracle")
     d.add_argument("--json", action="store_true", help="print the result as one JSON object")
     d.set_defaults(func=cmd_demo)

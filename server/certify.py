@@ -19,6 +19,7 @@ class Certificate(BaseModel):
     url: str
     reachable: bool
     served_model: str | None = None
+    max_model_len: int | None = None  # the served context, where the engine says (vLLM's /v1/models does)
     level: Literal["tokens", "logprobs", "text", "unreachable"]
     logprobs_mode: Literal["processed", "raw", "placeholder", "unknown"] = "unknown"
     detail: str = ""
@@ -57,6 +58,7 @@ async def certify(url: str, api_key: str | None = None, timeout_s: float = 60.0)
         try:
             models = (await client.get(f"{url}/models")).json()["data"]
             model = models[0]["id"]
+            max_len = models[0].get("max_model_len")
             hot = await _probe(client, url, model, 1.0)
             cold = await _probe(client, url, model, 0.5)
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
@@ -81,4 +83,12 @@ async def certify(url: str, api_key: str | None = None, timeout_s: float = 60.0)
             delta = abs(a[tok] - b[tok])
             mode = "raw" if delta < 1e-4 else "processed" if delta > 0.05 else "unknown"
             detail = f"probe token {tok}: logprob {a[tok]:.4f} at T=1.0 vs {b[tok]:.4f} at T=0.5"
-    return Certificate(url=url, reachable=True, served_model=model, level=level, logprobs_mode=mode, detail=detail)
+    return Certificate(
+        url=url,
+        reachable=True,
+        served_model=model,
+        max_model_len=max_len if isinstance(max_len, int) and max_len > 0 else None,
+        level=level,
+        logprobs_mode=mode,
+        detail=detail,
+    )

@@ -381,7 +381,7 @@ class RolloutService:
                 cfg = AgentConfig(
                     base_url=sbx.capture_base_url or "",
                     model=engine.served_model,
-                    context_window=self.config.context_window,
+                    context_window=state["cert"].max_model_len or self.config.context_window,
                     max_tokens=req.max_tokens,
                 )
                 prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)

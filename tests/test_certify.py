@@ -29,7 +29,7 @@ def engine_at(level: str):
 async def test_certification_reads_the_capture_level(level):
     with Served(engine_at(level)) as url:
         cert = await certify(f"{url}/v1")
-    assert cert.reachable and cert.served_model == MODEL
+    assert cert.reachable and cert.served_model == MODEL and cert.max_model_len == 8192
     assert cert.level == level
     assert cert.logprobs_mode == "placeholder"  # the built-in engine says it is not a model
 
