@@ -5,6 +5,7 @@
 # - scripts/setup_openenv.sh: OpenEnv's own client in .openenv-venv, for tests/test_openenv_compat.py
 # - scripts/setup_trl.sh: trl + CPU torch + the light client in .trl-venv, for tests/test_trl_adapter.py
 # - scripts/setup_docker.sh: docker.io + a dockerd (no bridge) + a debootstrap base image, for the docker backend
+# - scripts/setup_ui.sh: Debian chromium, for the browser tests of the UI (tests/test_ui.py)
 # Extra arguments go to pytest (e.g. -m "not integration").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +14,6 @@ bash scripts/setup_vllm.sh
 bash scripts/setup_openenv.sh
 bash scripts/setup_trl.sh
 bash scripts/setup_docker.sh
+bash scripts/setup_ui.sh
 trap 'bash scripts/setup_docker.sh stop' EXIT  # stops dockerd only if setup_docker.sh started it
 .venv/bin/python -m pytest "$@"

@@ -18,6 +18,7 @@ from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import make_policy
 
 MODEL = "smollm2-135m-instruct"
+STARTUP_S = 180.0  # a loaded 2-core machine can take a minute to start a server
 ME = [sys.executable, "-m", "swe_gym_env.cli"]
 
 PI_TOOLS = [
@@ -72,16 +73,22 @@ class Stack:
         engine_up: bool = True,
         env: dict[str, str] | None = None,
         server_engine_url: str | None = None,
+        ui: bool = False,
     ) -> None:
         self.engine_port, self.server_port = free_port(), free_port()
         self.server_engine_url = server_engine_url
         self.procs: list[subprocess.Popen] = []
-        self.env = {**os.environ, **(env or {})}
-        if engine_up:
-            self._start(
-                [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
-            )
-        self.start_server()
+        # the Gradio UI costs seconds of CPU per server start: only the UI tests mount it
+        self.env = {**os.environ, "SWE_GYM_UI": "1" if ui else "0", **(env or {})}
+        try:
+            if engine_up:
+                self._start(
+                    [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
+                )
+            self.start_server()
+        except BaseException:
+            self.stop()  # never leave a half-started stack behind
+            raise
 
     def start_server(self) -> None:
         self.server = self._start(
@@ -106,7 +113,7 @@ class Stack:
     def _start(self, argv, health):
         p = subprocess.Popen(argv, env=self.env)
         self.procs.append(p)
-        _wait_healthy(health, p)
+        _wait_healthy(health, p, timeout=STARTUP_S)
         return p
 
     def health(self) -> dict:

@@ -1,0 +1,314 @@
+"""The Gradio Blocks: Live, Run, Rollout, Tasks and History views over the server's own rollout service.
+
+The UI reads the same `RolloutService` and catalog the MCP tools use; starting a rollout goes through
+`service.submit`, so a UI run shows up over MCP and an MCP run shows up here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gradio as gr
+from pydantic import ValidationError
+
+from swe_gym_env.server.agents.registry import HARNESSES
+from swe_gym_env.server.rollout import RolloutService
+from swe_gym_env.server.sandbox.registry import BACKENDS
+from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
+from swe_gym_env.ui import render
+from swe_gym_env.ui.guard import start_refusal
+from swe_gym_env.ui.live import PhaseClock, Snapshot, follow, live_table_html, snapshot, token_text_for
+from swe_gym_env.wire import RolloutRequest
+
+TASK_CHOICES = 500  # task ids offered in the Run view's dropdown (any id can be typed)
+TOKEN_HEADERS = ["call", "position", "token id", "token", "logprob"]
+HISTORY_HEADERS = ["rollout", "task", "harness", "sandbox", "ok", "reward", "turns", "phase", "error"]
+TASK_HEADERS = ["instance_id", "repo", "FAIL_TO_PASS", "PASS_TO_PASS", "problem"]
+
+
+def _task_ids(split: str) -> list[str]:
+    try:
+        return [t.instance_id for t in tasks_in(split)[:TASK_CHOICES]]
+    except (TaskNotFound, ValueError, OSError):
+        return []
+
+
+def _status_html(snap: Snapshot) -> str:
+    if snap.result is not None:
+        r = snap.result
+        return (
+            f'<div id="run-state" data-state="finished" data-rollout="{render.esc(r.rollout_id, 64)}">rollout '
+            f"<code>{render.esc(r.rollout_id, 64)}</code> finished · {len(r.turns)} calls</div>"
+        )
+    rec = snap.rec
+    assert rec is not None
+    return (
+        f'<div id="run-state" data-state="{rec.state}" data-rollout="{render.esc(rec.rollout_id, 64)}" '
+        f'data-turns="{len(snap.turns)}">rollout <code>{render.esc(rec.rollout_id, 64)}</code> · {rec.state} · '
+        f"phase {rec.phase} · <span id='turn-count'>{len(snap.turns)}</span> calls so far</div>"
+    )
+
+
+class Panel:
+    """One rollout's views (used by Run and by Rollout): status, timeline, result, conversation, tokens, graph."""
+
+    def __init__(self, prefix: str) -> None:
+        self.status = gr.HTML(elem_id=f"{prefix}-status")
+        with gr.Row():
+            with gr.Column(scale=1):
+                gr.Markdown("#### Phase timeline")
+                self.timeline = gr.HTML(elem_id=f"{prefix}-timeline")
+            with gr.Column(scale=2):
+                self.result = gr.HTML(elem_id=f"{prefix}-result")
+        with gr.Tabs():
+            with gr.Tab("Conversation"):
+                self.conversation = gr.HTML(elem_id=f"{prefix}-conversation")
+            with gr.Tab("Tokens"):
+                self.heatmap = gr.HTML(elem_id=f"{prefix}-heatmap")
+                self.tokens = gr.Dataframe(headers=TOKEN_HEADERS, interactive=False, elem_id=f"{prefix}-tokens")
+            with gr.Tab("Graph"):
+                self.graph = gr.HTML(elem_id=f"{prefix}-graph")
+            with gr.Tab("Grading"):
+                self.grading = gr.HTML(elem_id=f"{prefix}-grading")
+                self.timings = gr.HTML(elem_id=f"{prefix}-timings")
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [
+            self.status,
+            self.timeline,
+            self.result,
+            self.conversation,
+            self.heatmap,
+            self.tokens,
+            self.graph,
+            self.grading,
+            self.timings,
+        ]
+
+    @staticmethod
+    def message(text: str) -> tuple:
+        return (f'<div class="sg-error" id="panel-message">{render.esc(text, 2000)}</div>', *[gr.skip()] * 8)
+
+    @staticmethod
+    def draw(snap: Snapshot) -> tuple:
+        text = token_text_for(snap.turns)
+        r = snap.result
+        sequences = r.sequences if r is not None else []
+        return (
+            _status_html(snap),
+            render.timeline_html(snap.events),
+            render.result_html(r) if r is not None else '<div class="sg-empty">running…</div>',
+            render.conversation_html(snap.turns),
+            render.heatmap_html(snap.turns, text),
+            render.token_rows(snap.turns, text),
+            render.graph_svg(snap.turns, sequences or _live_sequences(snap)),
+            render.grading_html(r.grading) if r is not None else '<div class="sg-empty">not graded yet</div>',
+            render.timings_html(r.timings, r.wall_s) if r is not None else "",
+        )
+
+
+def _live_sequences(snap: Snapshot) -> list[list[int]]:
+    from swe_gym_env.sequences import chain_turns
+
+    return [[t.index for t in chain] for chain in chain_turns(snap.turns)]
+
+
+async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[float, str]]):
+    """Draw a rollout now, then again each time progress lands, until it is finished."""
+    snap = snapshot(service, rollout_id, events)
+    if snap is None:
+        yield Panel.message(f"no rollout {rollout_id!r} on this server")
+        return
+    yield Panel.draw(snap)
+    if snap.rec is not None and snap.result is None:
+        async for _ in follow(snap.rec, events):
+            if (snap := snapshot(service, rollout_id, events)) is not None:
+                yield Panel.draw(snap)
+        if (snap := snapshot(service, rollout_id, events)) is not None:
+            yield Panel.draw(snap)
+
+
+def build_ui(service: RolloutService) -> gr.Blocks:
+    clock = PhaseClock()
+    splits = split_names()
+    with gr.Blocks(title="swe_gym_env", analytics_enabled=False) as demo:
+        gr.Markdown("## swe_gym_env — rollouts")
+        with gr.Tabs(selected="live") as tabs:
+            # -- Live ------------------------------------------------------------------------------------------
+            with gr.Tab("Live", id="live"):
+                gr.Markdown("Every rollout in flight on this server, whoever started it (UI, MCP, WebSocket).")
+                live = gr.HTML(elem_id="live")
+                gr.Timer(1.0).tick(
+                    lambda: live_table_html(service, clock),
+                    outputs=live,
+                    show_progress="hidden",
+                    api_visibility="private",
+                )
+                demo.load(lambda: live_table_html(service, clock), outputs=live, api_visibility="private")
+
+            # -- Run -------------------------------------------------------------------------------------------
+            with gr.Tab("Run", id="run"):
+                with gr.Row():
+                    split = gr.Dropdown(splits, value=splits[0], label="dataset split", elem_id="run-split")
+                    ids = _task_ids(splits[0])
+                    task = gr.Dropdown(
+                        ids, value=ids[0] if ids else None, label="task", allow_custom_value=True, elem_id="run-task"
+                    )
+                    fields = RolloutRequest.model_fields
+                    harness = gr.Dropdown(sorted(HARNESSES), value=fields["harness"].default, label="harness")
+                    sandbox = gr.Dropdown(sorted(BACKENDS), value=fields["sandbox"].default, label="sandbox")
+                    engines = sorted(service.config.engines)
+                    engine = gr.Dropdown(engines, value=engines[0] if engines else None, label="engine")
+                with gr.Row():
+                    max_calls = gr.Number(30, minimum=1, maximum=500, precision=0, label="max model calls")
+                    token = gr.Textbox(
+                        label="access token (needed when the server has one)",
+                        type="password",
+                        elem_id="run-token",
+                    )
+                    go = gr.Button("Run", variant="primary", elem_id="run-button")
+                run_panel = Panel("run")
+                split.change(
+                    lambda s: gr.update(choices=_task_ids(s), value=(_task_ids(s) or [None])[0]),
+                    split,
+                    task,
+                    api_visibility="private",
+                )
+
+                async def start_run(
+                    split, instance_id, harness, sandbox, engine, max_calls, token, request: gr.Request
+                ):
+                    why = start_refusal(dict(request.headers) if request is not None else {}, token)
+                    if why is not None:
+                        yield Panel.message(why)
+                        return
+                    try:
+                        req = RolloutRequest(
+                            split=split,
+                            instance_id=instance_id or None,
+                            harness=harness,
+                            sandbox=sandbox,
+                            engine=engine or "default",
+                            max_model_calls=int(max_calls or 30),
+                        )
+                    except (ValidationError, ValueError, TypeError) as e:
+                        yield Panel.message(f"invalid request: {e}")
+                        return
+                    rec = service.submit(req)
+                    events = [(time.time(), f"submitted rollout {rec.rollout_id}")]
+                    async for out in _watch(service, rec.rollout_id, events):
+                        yield out
+
+                go.click(
+                    start_run,
+                    [split, task, harness, sandbox, engine, max_calls, token],
+                    run_panel.outputs,
+                    api_name="start_run",
+                    concurrency_limit=None,
+                    show_progress="hidden",
+                )
+
+            # -- Rollout ---------------------------------------------------------------------------------------
+            with gr.Tab("Rollout", id="rollout"):
+                with gr.Row():
+                    rid = gr.Textbox(label="rollout id", elem_id="rollout-id")
+                    show = gr.Button("Show", elem_id="rollout-show")
+                panel = Panel("rollout")
+
+                async def show_rollout(rollout_id: str):
+                    rollout_id = (rollout_id or "").strip()
+                    events = [(time.time(), f"watching {rollout_id}")]
+                    async for out in _watch(service, rollout_id, events):
+                        yield out
+
+                for trigger in (show.click, rid.submit):
+                    trigger(
+                        show_rollout,
+                        rid,
+                        panel.outputs,
+                        concurrency_limit=None,
+                        show_progress="hidden",
+                        api_visibility="private",
+                    )
+
+            # -- Tasks -----------------------------------------------------------------------------------------
+            with gr.Tab("Tasks", id="tasks"):
+                with gr.Row():
+                    t_split = gr.Dropdown(splits, value=splits[0], label="split")
+                    query = gr.Textbox(label="search (id, repo, problem text)", elem_id="task-search")
+                t_table = gr.Dataframe(headers=TASK_HEADERS, interactive=False, elem_id="task-table")
+                t_detail = gr.HTML(elem_id="task-detail")
+
+                def find_tasks(s: str, q: str) -> tuple[list[list], str]:
+                    try:
+                        tasks = tasks_in(s)
+                    except (TaskNotFound, ValueError, OSError) as e:
+                        return [], f'<div class="sg-error">{render.esc(e)}</div>'
+                    q = (q or "").lower().strip()
+                    hits = [
+                        t
+                        for t in tasks
+                        if not q
+                        or q in t.instance_id.lower()
+                        or q in t.repo.lower()
+                        or q in t.problem_statement.lower()
+                    ][:200]
+                    rows = [
+                        [t.instance_id, t.repo, len(t.FAIL_TO_PASS), len(t.PASS_TO_PASS), t.problem_statement[:120]]
+                        for t in hits
+                    ]
+                    return rows, f"<div>{len(hits)} of {len(tasks)} tasks</div>"
+
+                def task_detail(s: str, evt: gr.SelectData) -> str:
+                    row = evt.row_value or []
+                    try:
+                        t = next(t for t in tasks_in(s) if row and t.instance_id == row[0]).view()
+                    except (StopIteration, TaskNotFound, ValueError):
+                        return ""
+                    return (
+                        f"<h4>{render.esc(t.instance_id, 200)}</h4><div>{render.esc(t.repo, 200)} @ "
+                        f"<code>{render.esc(t.base_commit, 40)}</code></div>"
+                        f'<pre class="sg-pre">{render.esc(t.problem_statement)}</pre>'
+                        f"<div>FAIL_TO_PASS: {render.esc(', '.join(t.FAIL_TO_PASS), 4000)}</div>"
+                        f"<div>PASS_TO_PASS: {len(t.PASS_TO_PASS)} tests</div>"
+                    )
+
+                for trigger in (t_split.change, query.change):
+                    trigger(find_tasks, [t_split, query], [t_table, t_detail], api_visibility="private")
+                t_table.select(task_detail, t_split, t_detail, api_visibility="private")
+                demo.load(find_tasks, [t_split, query], [t_table, t_detail], api_visibility="private")
+
+            # -- History ---------------------------------------------------------------------------------------
+            with gr.Tab("History", id="history"):
+                refresh = gr.Button("Refresh", elem_id="history-refresh")
+                h_table = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history-table")
+
+                def history() -> list[list]:
+                    return [
+                        [
+                            s.rollout_id,
+                            s.instance_id,
+                            s.harness,
+                            s.sandbox,
+                            s.ok,
+                            s.reward,
+                            s.turns,
+                            s.phase,
+                            render.redact((s.error or "")[:200]),
+                        ]
+                        for s in service.list(500)
+                        if s.state == "finished"
+                    ]
+
+                def open_rollout(evt: gr.SelectData):
+                    row = evt.row_value or []
+                    return (row[0] if row else ""), gr.Tabs(selected="rollout")
+
+                refresh.click(history, None, h_table, api_visibility="private")
+                demo.load(history, None, h_table, api_visibility="private")
+                h_table.select(open_rollout, None, [rid, tabs], api_visibility="private").then(
+                    show_rollout, rid, panel.outputs, concurrency_limit=None, api_visibility="private"
+                )
+    return demo

@@ -1,0 +1,149 @@
+"""What the UI reads from the rollout service: live rows, a rollout's turns and result, token text for display."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from swe_gym_env.sequences import chain_turns
+from swe_gym_env.server.rollout import RolloutRecord, RolloutService
+from swe_gym_env.ui.render import TokenText, count_roots, esc
+from swe_gym_env.wire import RolloutResult, Turn
+
+QUIET_AFTER_S = 60.0  # an agent phase this long without a model call is flagged
+
+
+class PhaseClock:
+    """When each in-flight rollout was first seen in its current phase (the record keeps no phase start time)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str, float]] = {}
+
+    def since(self, rollout_id: str, phase: str, now: float) -> float:
+        prev = self._seen.get(rollout_id)
+        if prev is None or prev[0] != phase:
+            self._seen[rollout_id] = prev = (phase, now)
+        return now - prev[1]
+
+    def forget_except(self, live: set[str]) -> None:
+        for rid in [r for r in self._seen if r not in live]:
+            del self._seen[rid]
+
+
+def activity(rec: RolloutRecord, in_phase_s: float, now: float) -> str:
+    """In words: what this rollout is waiting on. Tells a booting sandbox from an agent that is up but silent."""
+    turns = len(rec.session.turns) if rec.session else 0
+    last = rec.session.last_call_at if rec.session else None
+    if rec.state == "queued":
+        return f"queued for a {rec.request.sandbox} slot"
+    if rec.phase == "boot":
+        return f"sandbox still booting (≥{in_phase_s:.0f}s)"
+    if rec.phase == "agent" and turns == 0:
+        return f"agent up, no model call yet (≥{in_phase_s:.0f}s)"
+    if rec.phase == "agent" and last is not None:
+        quiet = now - last
+        if quiet >= QUIET_AFTER_S:
+            return f"agent up but not calling the model for {quiet:.0f}s"
+        return f"agent calling the model (last call {quiet:.1f}s ago)"
+    if rec.phase == "grade":
+        return f"grading (≥{in_phase_s:.0f}s)"
+    return f"{rec.phase} (≥{in_phase_s:.0f}s)"
+
+
+def live_records(service: RolloutService) -> list[RolloutRecord]:
+    return [r for r in list(service.rollouts.values()) if r.state != "finished"]
+
+
+def live_table_html(service: RolloutService, clock: PhaseClock) -> str:
+    now_m, now = time.monotonic(), time.time()
+    recs = live_records(service)
+    clock.forget_except({r.rollout_id for r in recs})
+    if not recs:
+        return '<div class="sg-empty" id="live-empty">no rollouts in flight</div>'
+    rows = []
+    for rec in recs:
+        s = rec.summary()
+        turns = list(rec.session.turns) if rec.session else []
+        roots = count_roots(turns, [[t.index for t in c] for c in chain_turns(turns)])
+        since = "—" if s.seconds_since_last_call is None else f"{s.seconds_since_last_call:.1f}s"
+        what = activity(rec, clock.since(rec.rollout_id, rec.phase, now_m), now)
+        rows.append(
+            f'<tr data-rollout="{esc(rec.rollout_id, 64)}"><td><code>{esc(rec.rollout_id, 64)}</code></td>'
+            f"<td>{esc(s.instance_id or rec.request.instance_id or '', 200)}</td><td>{esc(s.harness, 40)}</td>"
+            f"<td>{esc(s.sandbox, 40)}</td><td>{esc(s.phase, 20)}</td><td>{s.turns}</td><td>{roots}</td>"
+            f"<td>{since}</td><td>{esc(what, 200)}</td></tr>"
+        )
+    return (
+        '<table class="sg-table" id="live-table"><tr><th>rollout</th><th>task</th><th>harness</th><th>sandbox</th>'
+        "<th>phase</th><th>turns</th><th>roots</th><th>since last call</th><th>state</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+@dataclass
+class Snapshot:
+    """One rollout as the panel draws it: live (turns so far) or finished (the result)."""
+
+    rollout_id: str
+    rec: RolloutRecord | None
+    result: RolloutResult | None
+    turns: list[Turn]
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+
+def snapshot(service: RolloutService, rollout_id: str, events: list[tuple[float, str]]) -> Snapshot | None:
+    rec = service.rollouts.get(rollout_id)
+    if rec is not None and rec.result is None:
+        turns = list(rec.session.turns) if rec.session else []
+        return Snapshot(rollout_id, rec, None, turns, events)
+    status = service.get(rollout_id)
+    if status is None or status.result is None:
+        return None
+    return Snapshot(rollout_id, rec, status.result, list(status.result.turns), events)
+
+
+async def follow(rec: RolloutRecord, events: list[tuple[float, str]], tick_s: float = 1.0) -> AsyncIterator[None]:
+    """Yield whenever progress lands on a running rollout (phases, model calls), and at least every ``tick_s``."""
+    if rec.task is None or rec.task.done():
+        return
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    rec.listeners.append(queue)
+    try:
+        while not rec.task.done():
+            with contextlib.suppress(TimeoutError):
+                events.append((time.time(), await asyncio.wait_for(queue.get(), tick_s)))
+            while not queue.empty():
+                events.append((time.time(), queue.get_nowait()))
+            yield
+        while not queue.empty():
+            events.append((time.time(), queue.get_nowait()))
+    finally:
+        with contextlib.suppress(ValueError):
+            rec.listeners.remove(queue)
+
+
+@lru_cache(maxsize=1)
+def _local_tokenizer():
+    from tokenizers import Tokenizer
+
+    from swe_gym_env.server.assets import tokenizer_file
+
+    return Tokenizer.from_file(str(tokenizer_file()))
+
+
+def token_text_for(turns: list[Turn]) -> TokenText | None:
+    """Token strings for display only, when the rollout's model uses the tokenizer this server ships (SmolLM2);
+    otherwise the heatmap shows ids. Training never uses these strings."""
+    models = {str(t.request.get("model", "")).lower() for t in turns}
+    if not models or not all("smollm2" in m for m in models):
+        return None
+    try:
+        tok = _local_tokenizer()
+    except Exception:  # no tokenizer prepared: ids only
+        return None
+    return lambda tid: tok.decode([tid], skip_special_tokens=False)

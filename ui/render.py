@@ -1,0 +1,313 @@
+"""HTML and SVG for the UI: pure functions of wire models, no Gradio.
+
+Everything that comes from a rollout (messages, tool output, test names, errors) is untrusted: it is redacted of
+secrets and HTML-escaped here, the one place that turns data into markup.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+
+from swe_gym_env.wire import RolloutResult, TestReport, Turn
+
+SECRET_ENV = ("SWE_GYM_ENGINE_API_KEY", "SWE_GYM_ACCESS_TOKEN", "SWE_GYM_ADMIN_KEY", "HF_TOKEN", "E2B_API_KEY")
+SECRET_PATTERNS = re.compile(
+    r"sgk-[A-Za-z0-9_-]{16,}"  # capture keys
+    r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face tokens
+    r"|e2b_[A-Za-z0-9]{20,}"
+    r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{12,}"
+)
+TEXT_LIMIT = 20_000  # characters of one message / tool result shown
+HEATMAP_LIMIT = 4_000  # tokens drawn per rollout
+TokenText = Callable[[int], str | None]
+
+
+def redact(text: str) -> str:
+    """Remove every secret the server knows of, and anything shaped like a key, from text about to be shown."""
+    for name in SECRET_ENV:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "[redacted]")
+    return SECRET_PATTERNS.sub("[redacted]", text)
+
+
+def esc(value: object, limit: int = TEXT_LIMIT) -> str:
+    text = redact(str(value))
+    if len(text) > limit:
+        text = text[:limit] + f"\n… ({len(text) - limit} more characters)"
+    return html.escape(text, quote=True)
+
+
+def _pre(text: object, cls: str = "") -> str:
+    return f'<pre class="sg-pre {cls}">{esc(text)}</pre>'
+
+
+# -- conversation ----------------------------------------------------------------------------------------------
+def _content_text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _tool_calls_html(calls: object) -> str:
+    out = []
+    for call in calls if isinstance(calls, list) else []:
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        args = fn.get("arguments", "")
+        try:
+            args = json.dumps(json.loads(args), indent=2, ensure_ascii=False) if isinstance(args, str) else args
+        except ValueError:
+            pass
+        out.append(f'<div class="sg-call"><b>tool call</b> <code>{esc(fn.get("name"))}</code>{_pre(args)}</div>')
+    return "".join(out)
+
+
+def _message_html(msg: dict) -> str:
+    role = str(msg.get("role", "?"))
+    body = _pre(_content_text(msg.get("content"))) if msg.get("content") else ""
+    label = role if role != "tool" else f"tool result ({msg.get('name') or msg.get('tool_call_id') or ''})"
+    return (
+        f'<div class="sg-msg sg-{esc(role, 20)}"><div class="sg-role">{esc(label, 200)}</div>'
+        f"{body}{_tool_calls_html(msg.get('tool_calls'))}</div>"
+    )
+
+
+def conversation_html(turns: Sequence[Turn]) -> str:
+    """Each model call: the messages new since the previous call (tool results, the task), then the reply."""
+    if not turns:
+        return '<div class="sg-empty">no model calls yet</div>'
+    parts = []
+    seen = 0
+    for turn in turns:
+        messages = turn.request.get("messages") or []
+        new = messages[seen:] if seen <= len(messages) else messages
+        seen = len(messages) + 1  # the reply is the next request's next message
+        calls = f"{len(turn.prompt_token_ids)} prompt + {len(turn.completion_token_ids)} completion tokens"
+        parts.append(
+            f'<div class="sg-turn" data-turn="{turn.index}"><div class="sg-turn-head">model call {turn.index + 1}'
+            f" · {calls} · {turn.wall_s:.2f}s · finish {esc(turn.finish_reason, 40)}</div>"
+            + "".join(_message_html(m) for m in new if isinstance(m, dict))
+            + _message_html({"role": "assistant", **turn.response_message})
+            + "</div>"
+        )
+    return "".join(parts)
+
+
+# -- token heatmap ---------------------------------------------------------------------------------------------
+def _lp_colour(lp: float) -> str:
+    """0 → white, -1 and below → saturated red (logprob of the sampled token)."""
+    x = max(0.0, min(1.0, -lp))
+    return f"rgb(255,{int(255 - 190 * x)},{int(255 - 190 * x)})"
+
+
+def heatmap_html(turns: Sequence[Turn], token_text: TokenText | None = None) -> str:
+    """Sampled tokens of every call, coloured by logprob; id and logprob on hover."""
+    if not turns:
+        return '<div class="sg-empty">no tokens yet</div>'
+    parts = ['<div class="sg-heatmap">']
+    drawn = 0
+    for turn in turns:
+        parts.append(f'<div class="sg-hm-turn"><span class="sg-hm-label">call {turn.index + 1}</span>')
+        for pos, (tid, lp) in enumerate(zip(turn.completion_token_ids, turn.logprobs, strict=False)):
+            if drawn >= HEATMAP_LIMIT:
+                break
+            text = (token_text(tid) if token_text else None) or f"⟨{tid}⟩"
+            parts.append(
+                f'<span class="sg-tok" style="background:{_lp_colour(lp)}" data-id="{tid}" data-lp="{lp:.4f}" '
+                f'title="call {turn.index + 1} pos {pos} · id {tid} · logprob {lp:.4f}">{esc(text, 200)}</span>'
+            )
+            drawn += 1
+        parts.append("</div>")
+    total = sum(len(t.completion_token_ids) for t in turns)
+    if drawn < total:
+        parts.append(f'<div class="sg-empty">first {drawn} of {total} tokens shown; all are in the table</div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def token_rows(turns: Sequence[Turn], token_text: TokenText | None = None, limit: int = 5_000) -> list[list]:
+    rows: list[list] = []
+    for turn in turns:
+        for pos, (tid, lp) in enumerate(zip(turn.completion_token_ids, turn.logprobs, strict=False)):
+            if len(rows) >= limit:
+                return rows
+            rows.append([turn.index + 1, pos, tid, redact(token_text(tid) or "") if token_text else "", round(lp, 5)])
+    return rows
+
+
+# -- rollout graph ---------------------------------------------------------------------------------------------
+def _graph_edges(turns: Sequence[Turn], sequences: Sequence[Sequence[int]]) -> dict[int, tuple[int | None, str, bool]]:
+    """Per call: (parent, relation, discarded), from the turns' own graph fields when the capture filled them in,
+    else from the training sequences (each sequence a chain from a root; calls in none are discarded)."""
+    if any(getattr(t, "parent", None) is not None or getattr(t, "discarded", False) for t in turns):
+        return {
+            t.index: (t.parent, str(getattr(t, "relation", "extends")), bool(getattr(t, "discarded", False)))
+            for t in turns
+        }
+    out: dict[int, tuple[int | None, str, bool]] = {t.index: (None, "root", True) for t in turns}
+    for seq in sequences:
+        for k, i in enumerate(seq):
+            out[i] = (seq[k - 1], "extends", False) if k else (None, "root", False)
+    return out
+
+
+def count_roots(turns: Sequence[Turn], sequences: Sequence[Sequence[int]]) -> int:
+    return sum(1 for parent, _, _ in _graph_edges(turns, sequences).values() if parent is None)
+
+
+EDGE_STYLE = {
+    "extends": 'stroke="#555"',
+    "drift": 'stroke="#ff9800" stroke-dasharray="6,3"',
+    "sibling": 'stroke="#9c27b0" stroke-dasharray="2,3"',
+}
+
+
+def graph_svg(turns: Sequence[Turn], sequences: Sequence[Sequence[int]]) -> str:
+    """The rollout graph: a row per root or fork, a node per model call at its call number, edges to the call it
+    continues (solid: prompt extends the parent's ids exactly; dashed: re-tokenised drift; dotted: a retry);
+    hollow grey nodes are discarded branches."""
+    if not turns:
+        return '<div class="sg-empty">no model calls yet</div>'
+    edges = _graph_edges(turns, sequences)
+    index = {t.index: t for t in turns}
+    row_of: dict[int, int] = {}
+    row_tail: list[int] = []
+    row_kind: list[str] = []
+    for t in sorted(turns, key=lambda t: t.index):
+        parent, relation, _ = edges[t.index]
+        if parent is not None and parent in row_of and row_tail[row_of[parent]] == parent:
+            row_of[t.index] = row_of[parent]
+            row_tail[row_of[parent]] = t.index
+        else:
+            row_of[t.index] = len(row_tail)
+            row_tail.append(t.index)
+            row_kind.append("root" if parent is None else f"fork of {parent + 1}")
+    w, h, r = 56, 48, 14
+    x = {i: 90 + i * w for i in index}
+    y = {i: 30 + row_of[i] * h for i in index}
+    width, height = 120 + (max(index) + 1) * w, 20 + len(row_tail) * h
+    out = [f'<svg class="sg-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    for row, kind in enumerate(row_kind):
+        out.append(f'<text x="4" y="{34 + row * h}" font-size="11">{esc(kind, 40)}</text>')
+    for i, (parent, relation, _) in edges.items():
+        if parent is not None and parent in index:
+            style = EDGE_STYLE.get(relation, EDGE_STYLE["extends"])
+            out.append(
+                f'<line class="sg-edge sg-{esc(relation, 20)}" x1="{x[parent]}" y1="{y[parent]}" x2="{x[i]}" '
+                f'y2="{y[i]}" {style} stroke-width="2"/>'
+            )
+    for i, t in sorted(index.items()):
+        parent, relation, discarded = edges[i]
+        aux = getattr(t, "role", "agent") == "aux"
+        fill = "#fff" if discarded else "#4caf50" if parent is None else "#90a4ae" if aux else "#2196f3"
+        stroke = ' stroke="#999" stroke-dasharray="3,2"' if discarded else ""
+        ink = "#333" if discarded else "#fff"
+        tip = (
+            f"call {i + 1}: {len(t.prompt_token_ids)} prompt + {len(t.completion_token_ids)} completion tokens; "
+            f"{relation}{f' of call {parent + 1}' if parent is not None else ''}"
+            f"{'; discarded' if discarded else ''}{'; auxiliary call' if aux else ''}"
+        )
+        out.append(
+            f'<g class="sg-node{" sg-discarded" if discarded else ""}" data-turn="{i}"><title>{esc(tip)}</title>'
+            f'<circle cx="{x[i]}" cy="{y[i]}" r="{r}" fill="{fill}"{stroke}/>'
+            f'<text x="{x[i]}" y="{y[i] + 4}" font-size="11" text-anchor="middle" fill="{ink}">{i + 1}</text></g>'
+        )
+    out.append("</svg>")
+    legend = (
+        '<div class="sg-legend"><span style="color:#4caf50">●</span> root '
+        '<span style="color:#2196f3">●</span> continues · <span style="color:#999">○</span> discarded · '
+        "edges: solid extends, dashed drift (re-tokenised), dotted retry</div>"
+    )
+    return "".join(out) + legend
+
+
+# -- results ---------------------------------------------------------------------------------------------------
+def grading_html(report: TestReport | None) -> str:
+    if report is None:
+        return '<div class="sg-empty">not graded</div>'
+    rows = []
+    for group, name in ((report.fail_to_pass, "FAIL_TO_PASS"), (report.pass_to_pass, "PASS_TO_PASS")):
+        for outcome, tests in group.items():
+            ok = outcome == "success"
+            for test in tests:
+                mark = "passed" if ok else "failed"
+                rows.append(f'<tr class="sg-{mark}"><td>{name}</td><td>{esc(test, 500)}</td><td>{mark}</td></tr>')
+    return (
+        f'<div class="sg-grading"><b>{esc(report.resolution, 100)}</b><table class="sg-table">'
+        "<tr><th>group</th><th>test</th><th>result</th></tr>" + "".join(rows) + "</table>"
+        f"<details><summary>test log tail</summary>{_pre(report.log_tail)}</details></div>"
+    )
+
+
+def timings_html(timings: dict[str, float], wall_s: float) -> str:
+    if not timings:
+        return '<div class="sg-empty">no timings</div>'
+    total = max(wall_s, sum(timings.values()), 1e-9)
+    bars = "".join(
+        f'<div class="sg-bar-row"><span class="sg-bar-label">{esc(k, 40)}</span>'
+        f'<span class="sg-bar" style="width:{max(1.0, 100 * v / total):.1f}%"></span> {v:.2f}s</div>'
+        for k, v in timings.items()
+    )
+    return f'<div class="sg-timings">{bars}<div>wall {wall_s:.2f}s</div></div>'
+
+
+def result_html(r: RolloutResult) -> str:
+    reward = "—" if r.reward is None else f"{r.reward:g}"
+    status = "ok" if r.ok else "failed"
+    lines = [
+        f'<div class="sg-result sg-{status}"><span class="sg-reward" data-reward="{reward}">reward {reward}</span>'
+        f" · {status} · phase {esc(r.phase, 20)} · stop {esc(r.stop_reason, 60)}</div>",
+        f"<div>task <code>{esc(r.instance_id, 200)}</code> · harness {esc(r.harness, 40)} · sandbox "
+        f"{esc(r.sandbox, 40)} · {len(r.turns)} calls · roots {count_roots(r.turns, r.sequences)}</div>",
+        f'<div class="sg-crosscheck">cross-check: <b>{esc(r.cross_check, 20)}</b> {esc(r.cross_check_detail, 500)}'
+        f" · capture {esc(r.capture_level, 20)} · logprobs {esc(r.logprobs_mode, 20)}</div>",
+    ]
+    if r.error:
+        lines.append(f'<div class="sg-error">{esc(r.error, 2000)}</div>')
+    if r.findings:
+        lines.append("<ul>" + "".join(f"<li>{esc(f, 1000)}</li>" for f in r.findings) + "</ul>")
+    if r.model_patch:
+        lines.append(f"<details><summary>the agent's diff</summary>{_pre(r.model_patch)}</details>")
+    if r.agent_log_tail:
+        lines.append(f"<details><summary>agent log tail</summary>{_pre(r.agent_log_tail)}</details>")
+    return "".join(lines)
+
+
+def timeline_html(events: Sequence[tuple[float, str]]) -> str:
+    """Progress lines as they arrived, with seconds since the first one."""
+    if not events:
+        return '<div class="sg-empty">waiting…</div>'
+    t0 = events[0][0]
+    return (
+        '<ol class="sg-timeline">'
+        + "".join(f'<li><span class="sg-t">{t - t0:6.2f}s</span> {esc(m, 500)}</li>' for t, m in events)
+        + "</ol>"
+    )
+
+
+CSS = """
+.sg-pre { white-space: pre-wrap; word-break: break-word; max-height: 24em; overflow: auto; font-size: 12px;
+  background: var(--block-background-fill); padding: 4px; margin: 2px 0; }
+.sg-turn { border-left: 3px solid #2196f3; margin: 8px 0; padding-left: 8px; }
+.sg-turn-head { font-weight: bold; font-size: 12px; }
+.sg-role { font-size: 11px; text-transform: uppercase; opacity: .7; }
+.sg-msg.sg-assistant { border-left: 2px solid #4caf50; padding-left: 6px; }
+.sg-msg.sg-tool { border-left: 2px solid #ff9800; padding-left: 6px; }
+.sg-heatmap { font-family: monospace; font-size: 12px; line-height: 1.8; }
+.sg-tok { white-space: pre-wrap; color: #000; border-radius: 2px; }
+.sg-hm-label { font-weight: bold; margin-right: 6px; }
+.sg-bar { display: inline-block; height: 10px; background: #2196f3; }
+.sg-bar-label { display: inline-block; width: 5em; }
+.sg-passed td:last-child { color: #2e7d32; } .sg-failed td:last-child { color: #c62828; }
+.sg-reward { font-size: 20px; font-weight: bold; }
+.sg-error { color: #c62828; white-space: pre-wrap; }
+.sg-empty { opacity: .6; font-style: italic; }
+"""
