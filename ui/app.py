@@ -18,7 +18,7 @@ from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
 from swe_gym_env.ui import render
 from swe_gym_env.ui.guard import start_refusal
-from swe_gym_env.ui.live import PhaseClock, Snapshot, follow, live_table_html, snapshot, token_text_for
+from swe_gym_env.ui.live import Snapshot, follow, live_table_html, snapshot, token_text_for
 from swe_gym_env.wire import RolloutRequest
 
 TASK_CHOICES = 500  # task ids offered in the Run view's dropdown (any id can be typed)
@@ -131,7 +131,6 @@ async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[fl
 
 
 def build_ui(service: RolloutService) -> gr.Blocks:
-    clock = PhaseClock()
     splits = split_names()
     with gr.Blocks(title="swe_gym_env", analytics_enabled=False) as demo:
         gr.Markdown("## swe_gym_env — rollouts")
@@ -141,12 +140,12 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 gr.Markdown("Every rollout in flight on this server, whoever started it (UI, MCP, WebSocket).")
                 live = gr.HTML(elem_id="live")
                 gr.Timer(1.0).tick(
-                    lambda: live_table_html(service, clock),
+                    lambda: live_table_html(service),
                     outputs=live,
                     show_progress="hidden",
                     api_visibility="private",
                 )
-                demo.load(lambda: live_table_html(service, clock), outputs=live, api_visibility="private")
+                demo.load(lambda: live_table_html(service), outputs=live, api_visibility="private")
 
             # -- Run -------------------------------------------------------------------------------------------
             with gr.Tab("Run", id="run"):

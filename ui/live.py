@@ -17,23 +17,6 @@ from swe_gym_env.wire import RolloutResult, Turn
 QUIET_AFTER_S = 60.0  # an agent phase this long without a model call is flagged
 
 
-class PhaseClock:
-    """When each in-flight rollout was first seen in its current phase (the record keeps no phase start time)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, tuple[str, float]] = {}
-
-    def since(self, rollout_id: str, phase: str, now: float) -> float:
-        prev = self._seen.get(rollout_id)
-        if prev is None or prev[0] != phase:
-            self._seen[rollout_id] = prev = (phase, now)
-        return now - prev[1]
-
-    def forget_except(self, live: set[str]) -> None:
-        for rid in [r for r in self._seen if r not in live]:
-            del self._seen[rid]
-
-
 def activity(rec: RolloutRecord, in_phase_s: float, now: float) -> str:
     """In words: what this rollout is waiting on. Tells a booting sandbox from an agent that is up but silent."""
     turns = len(rec.session.turns) if rec.session else 0
@@ -41,27 +24,26 @@ def activity(rec: RolloutRecord, in_phase_s: float, now: float) -> str:
     if rec.state == "queued":
         return f"queued for a {rec.request.sandbox} slot"
     if rec.phase == "boot":
-        return f"sandbox still booting (≥{in_phase_s:.0f}s)"
+        return f"sandbox still booting ({in_phase_s:.0f}s)"
     if rec.phase == "agent" and turns == 0:
-        return f"agent up, no model call yet (≥{in_phase_s:.0f}s)"
+        return f"agent up, no model call yet ({in_phase_s:.0f}s)"
     if rec.phase == "agent" and last is not None:
         quiet = now - last
         if quiet >= QUIET_AFTER_S:
             return f"agent up but not calling the model for {quiet:.0f}s"
         return f"agent calling the model (last call {quiet:.1f}s ago)"
     if rec.phase == "grade":
-        return f"grading (≥{in_phase_s:.0f}s)"
-    return f"{rec.phase} (≥{in_phase_s:.0f}s)"
+        return f"grading ({in_phase_s:.0f}s)"
+    return f"{rec.phase} ({in_phase_s:.0f}s)"
 
 
 def live_records(service: RolloutService) -> list[RolloutRecord]:
     return [r for r in list(service.rollouts.values()) if r.state != "finished"]
 
 
-def live_table_html(service: RolloutService, clock: PhaseClock) -> str:
-    now_m, now = time.monotonic(), time.time()
+def live_table_html(service: RolloutService) -> str:
+    now = time.time()
     recs = live_records(service)
-    clock.forget_except({r.rollout_id for r in recs})
     if not recs:
         return '<div class="sg-empty" id="live-empty">no rollouts in flight</div>'
     rows = []
@@ -70,7 +52,7 @@ def live_table_html(service: RolloutService, clock: PhaseClock) -> str:
         turns = list(rec.session.turns) if rec.session else []
         roots = count_roots(turns, [[t.index for t in c] for c in chain_turns(turns)])
         since = "—" if s.seconds_since_last_call is None else f"{s.seconds_since_last_call:.1f}s"
-        what = activity(rec, clock.since(rec.rollout_id, rec.phase, now_m), now)
+        what = activity(rec, now - rec.phase_since, now)
         rows.append(
             f'<tr data-rollout="{esc(rec.rollout_id, 64)}"><td><code>{esc(rec.rollout_id, 64)}</code></td>'
             f"<td>{esc(s.instance_id or rec.request.instance_id or '', 200)}</td><td>{esc(s.harness, 40)}</td>"
