@@ -84,6 +84,7 @@ class CaptureSession:
     on_turn: Callable[[Turn], None] | None = None
     graph: RolloutGraph = field(default_factory=RolloutGraph)
     subscribers: list[asyncio.Queue] = field(default_factory=list)
+    pumps: set[asyncio.Task] = field(default_factory=set)  # upstream calls in flight: cancelled when it closes
 
     def publish(self, event: dict) -> None:
         for q in list(self.subscribers):
@@ -177,6 +178,8 @@ class CaptureProxy:
         if session.closed:
             return
         session.closed = True
+        for pump in list(session.pumps):  # a hung engine call must not outlive its session (nor hold a socket)
+            pump.cancel()
         for h, s in list(self._by_key.items()):
             if s is session:
                 del self._by_key[h]
@@ -207,7 +210,7 @@ class CaptureProxy:
         sizes = Counter(n.root for n in g.nodes)
         main_root = max(sizes, key=lambda r: (sizes[r], -r))
         for turn, node in zip(session.turns, g.nodes, strict=True):
-            turn.discarded = node.discarded
+            turn.discarded = turn.discarded or node.discarded  # the agent's cross-check may have demoted it already
             turn.role = "agent" if node.root == main_root else "aux"
         if len(sizes) > 1:
             session.findings.append(
@@ -444,12 +447,17 @@ class CaptureProxy:
         except TimeoutError:
             msg = f"engine timed out after {session.call_timeout_s:.0f}s"
             await queue.put(("error", chat.DialectError(504, msg)))
+        except asyncio.CancelledError:
+            queue.put_nowait(("error", chat.DialectError(409, "the capture session closed during this call")))
+            raise
 
     async def _stream_through(
         self, session: CaptureSession, up: dict, model: Any, include_usage: bool, t0: float
     ) -> Response:
         queue: asyncio.Queue = asyncio.Queue()
         pump = asyncio.create_task(self._pump(session, up, queue, raw=False))
+        session.pumps.add(pump)
+        pump.add_done_callback(session.pumps.discard)
         kind, first = await queue.get()
         if kind != "event" or first.get("prompt_token_ids") is None:
             pump.cancel()
@@ -512,6 +520,8 @@ class CaptureProxy:
             return Response(data, status, media_type="application/json")
         queue: asyncio.Queue = asyncio.Queue()
         pump = asyncio.create_task(self._pump(session, up, queue, raw=True))
+        session.pumps.add(pump)
+        pump.add_done_callback(session.pumps.discard)
         kind, first = await queue.get()
         if kind == "error":
             return self._fail(session, first.status, first.message)

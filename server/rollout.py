@@ -337,6 +337,15 @@ class RolloutService:
                 f"purpose=train needs an engine that returns token ids with processed "
                 f"logprobs; {req.engine!r} does not ({why}); use purpose=eval",
             )
+        if req.mode == "capture" and cert.level != "tokens":  # nothing trainable to capture: evaluate black-box
+            req = req.model_copy(update={"mode": "black_box"})
+            state["mode_findings"] = [
+                Finding(
+                    severity="info",
+                    code="black_box",
+                    message=f"the engine returns no token ids (capture level {cert.level}): ran black-box, eval only",
+                )
+            ]
 
         rec.set_phase("install")
         try:
@@ -438,6 +447,10 @@ class RolloutService:
                 await sbx.close()
             self.capture.close_session(session)
 
+        fatal = [f for f in session.findings if f.severity == "fatal"]
+        if fatal:  # the capture is not usable training data, whatever the reward: do not even grade it
+            raise RolloutFailure("agent", f"capture validation: {fatal[0]}")
+
         rec.set_phase("grade")
         t = time.monotonic()
         grading_spec = SandboxSpec(
@@ -455,10 +468,7 @@ class RolloutService:
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e
         timings["grade"] = time.monotonic() - t
-        fatal = [f for f in session.findings if f.severity == "fatal"]
-        if fatal:  # the capture is not usable training data, whatever the reward
-            raise RolloutFailure("agent", f"capture validation: {fatal[0]}")
-        findings = [*session.findings, *state.get("agent_findings", []), *g.findings]
+        findings = [*state.get("mode_findings", []), *session.findings, *state.get("agent_findings", []), *g.findings]
         if g.dropped_files:
             findings.append(f"grading ignored the agent's edits to protected files: {g.dropped_files}")
         rec.set_phase("done")

@@ -50,3 +50,17 @@ async def test_unreachable_engine_is_a_validate_failure():
     )
     result = await service.run(RolloutRequest())
     assert not result.ok and result.phase == "validate" and "engine unreachable" in result.error
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("need_pi")
+async def test_eval_against_an_engine_without_ids_runs_black_box(tmp_path):
+    from swe_gym_env.server.runner import local_service
+
+    with Served(engine_at("text")) as url:
+        config = ServerConfig(engines={"default": EngineTarget(f"{url}/v1", MODEL)}, results_dir=tmp_path / "results")
+        async with local_service(config) as service:
+            result = await service.run(RolloutRequest(purpose="eval"))
+    assert result.ok and result.reward == 1.0, (result.phase, result.error)
+    assert result.capture_level == "text" and result.turns == [] and result.logprobs_mode is None
+    assert any(f.code == "black_box" for f in result.findings)
