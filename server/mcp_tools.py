@@ -7,11 +7,13 @@ from importlib.metadata import version
 from typing import Annotated
 
 from fastmcp import Context, FastMCP
+from fastmcp.exceptions import ToolError
 from pydantic import Field
 
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
+from swe_gym_env.server.security import ACCESS_REFUSED, access_ok, presented_token, start_refusal
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task, split_names, task_page
 from swe_gym_env.wire import (
     Capabilities,
@@ -46,6 +48,9 @@ def build_mcp(service: RolloutService) -> FastMCP:
         come back with ok=false, the phase and the error. Pass `rollout_id` to make the call idempotent: calling
         again with the same id attaches to the running rollout or returns its result.
         """
+        refusal = start_refusal(presented_token())  # before anything else: strangers learn nothing
+        if refusal is not None:
+            return RolloutResult(rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="")
         try:
             req = RolloutRequest.model_validate(kwargs)
         except ValueError as e:
@@ -99,6 +104,8 @@ def build_mcp(service: RolloutService) -> FastMCP:
 
     async def cancel_rollout(rollout_id: str) -> bool:
         """Cancel a running rollout; its result comes back with ok=false and stop_reason `cancelled`."""
+        if not access_ok(presented_token()):
+            raise ToolError(ACCESS_REFUSED)
         return service.cancel(rollout_id)
 
     async def capabilities() -> Capabilities:

@@ -46,6 +46,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from swe_gym_env.server.mcp_tools import RESERVED_TOOL_NAMES
 from swe_gym_env.server.rollout import RolloutService
+from swe_gym_env.server.security import bearer, caller_token
 from swe_gym_env.tasks.catalog import TaskNotFound, extra_sources, split_names, tasks_in
 from swe_gym_env.wire import (
     Capabilities,
@@ -575,6 +576,7 @@ async def _receive_text(ws: WebSocket) -> str | None:
 
 
 async def _serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
+    caller_token.set(bearer(websocket.headers.get("authorization")))  # tools run in process: see server/security
     await websocket.accept()
     sock = _Socket(websocket)
     session: Session | None = None
@@ -692,6 +694,7 @@ async def _serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
 
 async def _serve_ws_mcp(compat: OpenEnvCompat, websocket: WebSocket) -> None:
     """WS /mcp: JSON-RPC frames, one session per connection; each request answered by its id as it completes."""
+    caller_token.set(bearer(websocket.headers.get("authorization")))
     await websocket.accept()
     sock = _Socket(websocket)
     session: Session | None = None
@@ -808,6 +811,7 @@ class OpenEnvMCPBridge:
         if body is _UNPARSEABLE:
             await _send_json(send, rpc_error(None, PARSE_ERROR, "Parse error"))
             return
+        caller_token.set(bearer((_header(scope, b"authorization") or b"").decode("latin-1")))
         handler = asyncio.ensure_future(self.compat.handle_rpc_obj(body))
         gone = asyncio.ensure_future(_wait_disconnect(receive))
         try:

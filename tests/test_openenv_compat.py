@@ -26,6 +26,7 @@ from fastmcp import Client, FastMCP
 from websockets.asyncio.client import connect
 
 from swe_gym_env.cli import free_port
+from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.app import create_app
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.openenv_compat import (
@@ -166,7 +167,7 @@ def test_bare_jsonrpc_session_flow(base):
     assert flag["result"]["data"] is False and flag["result"]["structured_content"] == {"result": False}
     # one-off call without a session (OpenEnv serves those too)
     caps = rpc(base, "tools/call", {"name": "capabilities"})
-    assert caps["result"]["data"]["harnesses"] == ["pi"]
+    assert caps["result"]["data"]["harnesses"] == sorted(HARNESSES)
 
     def error(params, method="tools/call"):
         reply = rpc(base, method, params, 7)

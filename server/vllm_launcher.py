@@ -1,0 +1,192 @@
+"""`serve --vllm-model M`: one process tree, whole stack. Starts vLLM's OpenAI server on loopback with the capture
+flags, waits until it answers, and registers it as the default engine (SWE_GYM_ENGINE_URL / _MODEL) for the
+server started next. vLLM runs in its own process group and is stopped with the server.
+
+vLLM itself is found as ``$SWE_GYM_VLLM_PYTHON``, else this interpreter when it has vllm, else the repo's
+``.vllm-venv`` (scripts/setup_vllm.sh: the CPU build, which is how this is tested here). ``vllm serve`` is broken in
+the CPU build, so the module entry point is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CAPTURE_FLAGS = ["--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs", "--enable-auto-tool-choice"]
+VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+class VllmLaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class VllmOptions:
+    model: str
+    served_name: str | None = None
+    tool_parser: str = "hermes"
+    chat_template: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    python: str | None = None
+    startup_timeout_s: float = 1800.0
+
+    @property
+    def name(self) -> str:
+        return self.served_name or self.model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--vllm-model", default=env("SWE_GYM_VLLM_MODEL") or None, help="start vLLM with this model")
+    p.add_argument("--vllm-served-name", default=env("SWE_GYM_VLLM_SERVED_NAME") or None)
+    p.add_argument("--vllm-tool-parser", default=env("SWE_GYM_VLLM_TOOL_PARSER") or "hermes")
+    p.add_argument("--vllm-chat-template", default=env("SWE_GYM_VLLM_CHAT_TEMPLATE") or None)
+    p.add_argument("--vllm-args", default=env("SWE_GYM_VLLM_ARGS", ""), help="more vLLM flags, one shell-quoted string")
+    p.add_argument("--vllm-startup-timeout", type=float, default=float(env("SWE_GYM_VLLM_STARTUP_TIMEOUT_S", "1800")))
+
+
+def options_from_args(args: argparse.Namespace) -> VllmOptions:
+    return VllmOptions(
+        model=args.vllm_model,
+        served_name=args.vllm_served_name,
+        tool_parser=args.vllm_tool_parser,
+        chat_template=args.vllm_chat_template,
+        extra_args=shlex.split(args.vllm_args or ""),
+        startup_timeout_s=args.vllm_startup_timeout,
+    )
+
+
+def vllm_python(explicit: str | None = None) -> str:
+    if explicit or (explicit := os.environ.get("SWE_GYM_VLLM_PYTHON")):
+        if not os.access(explicit, os.X_OK):
+            raise VllmLaunchError(
+                f"SWE_GYM_VLLM_PYTHON={explicit} is not an executable (on a Space: set the variable "
+                "SWE_GYM_VLLM_MODEL before the build, so the image bakes vLLM in)"
+            )
+        return explicit
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    side = REPO_ROOT / ".vllm-venv" / "bin" / "python"
+    if side.is_file():
+        return str(side)
+    raise VllmLaunchError(
+        "no vLLM found: set SWE_GYM_VLLM_PYTHON to a python that has vllm, or run `bash scripts/setup_vllm.sh`"
+    )
+
+
+def vllm_argv(opts: VllmOptions, port: int, python: str) -> list[str]:
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", opts.model]
+    argv += ["--served-model-name", opts.name, "--host", "127.0.0.1", "--port", str(port)]
+    argv += [*CAPTURE_FLAGS, "--tool-call-parser", opts.tool_parser]
+    if opts.chat_template:
+        argv += ["--chat-template", opts.chat_template]
+    return argv + list(opts.extra_args)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM vLLM's process group (API server, engine core, workers), then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the server process dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
+    """Start vLLM, wait for /health, yield its base URL (…/v1); stop it on exit."""
+    python = vllm_python(opts.python)
+    port = _free_port()
+    argv = vllm_argv(opts, port, python)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update({k: v for k, v in VLLM_ENV.items() if k not in os.environ})
+    log_file = tempfile.NamedTemporaryFile(prefix="swe-gym-vllm-", suffix=".log", delete=False)
+    log(f"starting vLLM: {shlex.join(argv)} (log: {log_file.name})")
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    log_file.close()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        start = time.monotonic()
+        while not _healthy(f"{base}/health"):
+            if proc.poll() is not None:
+                tail = Path(log_file.name).read_text(errors="replace")[-3000:]
+                raise VllmLaunchError(f"vLLM exited with {proc.returncode} before it was ready:\n{tail}")
+            if time.monotonic() - start > opts.startup_timeout_s:
+                raise VllmLaunchError(f"vLLM not healthy after {opts.startup_timeout_s:.0f} s (log: {log_file.name})")
+            time.sleep(1)
+        log(f"vLLM ready in {time.monotonic() - start:.1f} s at {base}, serving {opts.name!r}")
+        yield f"{base}/v1"
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def vllm_engine(args: argparse.Namespace) -> Iterator[None]:
+    """For `serve`: when --vllm-model is set, run vLLM and make it the default engine while the server runs."""
+    if not args.vllm_model:
+        yield
+        return
+    opts = options_from_args(args)
+    # uvicorn re-raises the SIGTERM it handled once it has stopped; by default that ends the process on the spot,
+    # skipping the cleanup below. As SystemExit it unwinds through here and vLLM is stopped.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with running_vllm(opts, log=lambda m: print(m, file=sys.stderr, flush=True)) as url:
+            os.environ["SWE_GYM_ENGINE_URL"] = url
+            os.environ["SWE_GYM_ENGINE_MODEL"] = opts.name
+            os.environ.pop("SWE_GYM_ENGINE_API_KEY", None)  # our own loopback vLLM takes no key
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
