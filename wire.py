@@ -45,7 +45,7 @@ class RolloutRequest(BaseModel):
         pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?$",
         max_length=500,
         description="An OpenAI-compatible base URL (…/v1) instead of a named engine; only where the server allows "
-        "it (SWE_GYM_ALLOW_ENGINE_URLS=1). No key can be given here: keys live server-side.",
+        "it (URL prefixes in SWE_GYM_ENGINE_URL_ALLOWLIST). No key can be given here: keys live server-side.",
     )
     engine_model: str | None = Field(None, max_length=200, description="Served model name at engine_url.")
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling overrides, forced on every call.")
