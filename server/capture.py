@@ -298,12 +298,7 @@ class CaptureProxy:
         if through:
             return await self._stream_through(session, up, model, include_usage, t0)
         try:
-            status, data = await self.upstream.post(
-                f"{session.engine.base_url}/chat/completions",
-                up,
-                self._headers(session.engine),
-                session.call_timeout_s,
-            )
+            status, data = await self._post(session, up)
             reply = self._parse_reply(status, data)
             call = chat.call_from_reply(reply)
             self._record(session, up, call, streamed=stream, wall=time.monotonic() - t0)
@@ -402,6 +397,27 @@ class CaptureProxy:
         )
         if session.on_turn is not None:
             session.on_turn(turn)
+
+    async def _post(self, session: CaptureSession, body: dict) -> tuple[int, bytes]:
+        """A non-streamed upstream call, in a task the session can cancel when it closes (a hung engine must not
+        outlive the rollout, nor hold a socket)."""
+        call = asyncio.create_task(
+            self.upstream.post(
+                f"{session.engine.base_url}/chat/completions",
+                body,
+                self._headers(session.engine),
+                session.call_timeout_s,
+            )
+        )
+        session.pumps.add(call)
+        call.add_done_callback(session.pumps.discard)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # we are being cancelled ourselves: let it through
+                raise
+            raise UpstreamError("the capture session closed during this call") from None
 
     # -- streaming --------------------------------------------------------------------------------------------
     async def _pump(self, session: CaptureSession, body: dict, queue: asyncio.Queue, raw: bool) -> None:
@@ -508,12 +524,7 @@ class CaptureProxy:
         session.rewrites.update(rewrites)
         if not stream:
             try:
-                status, data = await self.upstream.post(
-                    f"{session.engine.base_url}/chat/completions",
-                    up,
-                    self._headers(session.engine),
-                    session.call_timeout_s,
-                )
+                status, data = await self._post(session, up)
             except UpstreamError as e:
                 return self._fail(session, 504 if e.timeout else 502, str(e))
             session.publish({"type": "call", "session": session.id, "call": session.calls, "status": status})

@@ -220,7 +220,7 @@ async def grade(
         await sbx.write_file("/tmp/grading/eval.sh", eval_script(task, bool(patch.strip()), junit_path).encode(), 0o700)
         res = await sbx.exec("bash /tmp/grading/eval.sh", timeout=timeout_s)
         junit = None
-        if junit_path and START in res.stdout and APPLY_FAILED not in res.stdout:
+        if junit_path and START in res.stdout and APPLY_FAILED not in res.stdout and not res.timed_out:
             try:
                 junit = parse_junit(await sbx.read_file(junit_path, JUNIT_LIMIT))
             except Exception as e:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutSummary, failed_result
+
+ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: nothing that could leave the dir
 
 
 class ResultsStore:
@@ -33,6 +36,8 @@ class ResultsStore:
         (self.root / f"{result.rollout_id}.running").unlink(missing_ok=True)
 
     def get(self, rollout_id: str) -> RolloutResult | None:
+        if not ROLLOUT_ID.fullmatch(rollout_id):
+            return None
         path = self.root / f"{rollout_id}.json"
         if not path.is_file():
             return None

@@ -369,3 +369,26 @@ async def test_agent_facing_app_serves_no_admin_routes():
     proxy = make_proxy(engine_app())
     async with agent(proxy, None) as c:
         assert (await c.get("/sessions")).status_code == 404
+
+
+async def test_closing_a_session_cancels_its_hung_upstream_calls():
+    release = asyncio.Event()
+
+    async def hung(request):
+        await release.wait()
+        return JSONResponse({})
+
+    proxy = make_proxy(Starlette(routes=[Route("/v1/chat/completions", hung, methods=["POST"])]))
+    session, key = open_session(proxy)
+    async with agent(proxy, key) as c:
+        call = asyncio.create_task(c.post("/v1/chat/completions", json=agent_request(stream=False)))
+        for _ in range(100):
+            if session.pumps:
+                break
+            await asyncio.sleep(0.01)
+        assert len(session.pumps) == 1
+        proxy.close_session(session)
+        r = await asyncio.wait_for(call, 5)
+    release.set()
+    assert r.status_code == 502 and "closed during this call" in r.json()["error"]["message"]
+    assert not session.pumps and session.turns == []

@@ -16,6 +16,7 @@ next server's `reap_orphans`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -123,13 +124,13 @@ class LocalSandbox(SandboxBase):
             if spec.secrets:
                 await sbx.write_file(SECRETS_FILE, sbx.secrets_file(), 0o600)
             sbx.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
-            await asyncio.to_thread(sbx._clone)
+            await sbx._clone()
         except BaseException:
             await sbx.close()
             raise
         return sbx
 
-    def _clone(self) -> None:
+    async def _clone(self) -> None:
         testbed = self.root / "testbed"
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV, "GIT_CONFIG_GLOBAL": "/dev/null"}
         env["HOME"] = str(self.root / "home")
@@ -139,10 +140,23 @@ class LocalSandbox(SandboxBase):
             steps.append(["/bin/sh", "-c", strip_history_script(str(testbed), self.spec.base_commit)])
         else:
             steps.append([*git, "-C", str(testbed), "checkout", "-q", self.spec.base_commit])
-        for argv in steps:
-            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise SandboxError(f"preparing the repository failed: {argv[-1][:60]}: {r.stderr.strip()[:500]}")
+        for argv in steps:  # killed with the rollout: a clone that hangs must not outlive its deadline
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            )
+            try:
+                async with asyncio.timeout(300):
+                    _, err = await proc.communicate()
+            except BaseException as e:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                if isinstance(e, TimeoutError):
+                    raise SandboxError(f"preparing the repository timed out: {argv[-1][:60]}") from e
+                raise
+            if proc.returncode != 0:
+                stderr = err.decode("utf-8", "replace").strip()[:500]
+                raise SandboxError(f"preparing the repository failed: {argv[-1][:60]}: {stderr}")
         (self.root / "home" / ".gitconfig").write_text(
             "[user]\n\tname = agent\n\temail = agent@sandbox.invalid\n[safe]\n\tdirectory = *\n"
         )
