@@ -64,6 +64,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)
         warm = asyncio.create_task(asyncio.to_thread(load_swebench))
+        app.state.warm = warm
         reaper = asyncio.create_task(reap_forever())  # sandboxes of dead servers, and ours past their deadline
         try:
             async with mcp_app.lifespan(app):
@@ -88,6 +89,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         in_flight = service.in_flight()
         return {
             "status": "healthy",
+            "warm": bool(getattr(app.state, "warm", None) and app.state.warm.done()),  # grading imports loaded
             "rollouts_in_flight": in_flight,
             "capture_sessions": capture.open_sessions(),
             "openenv_sessions": len(app.state.openenv.sessions),

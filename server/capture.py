@@ -350,12 +350,7 @@ class CaptureProxy:
             try:
                 self.store.add_call(
                     session.id,
-                    index,
-                    base=node.base,
-                    shared=node.shared,
-                    prompt=node.prompt,
-                    completion=node.completion,
-                    logprobs=node.logprobs,
+                    node,
                     finish_reason=call.finish_reason,
                     streamed=streamed,
                     wall_s=round(wall, 4),

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from swe_gym_env.server.capture_graph import Node
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
@@ -77,19 +79,15 @@ class CaptureStore:
     def add_call(
         self,
         session_id: str,
-        idx: int,
+        node: Node,
         *,
-        base: int | None,
-        shared: int,
-        prompt: np.ndarray,
-        completion: np.ndarray,
-        logprobs: np.ndarray,
         finish_reason: str | None,
         streamed: bool,
         wall_s: float,
         request: dict,
         response: dict,
     ) -> None:
+        """One call, as the rollout graph linked it (its prompt is stored after the prefix it shares)."""
         messages = request.get("messages") or []
         digests = [_digest(m) for m in messages]
         prev = self._last_messages.get(session_id, [])
@@ -101,13 +99,13 @@ class CaptureStore:
             "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
-                idx,
+                node.index,
                 time.time(),
-                base,
-                shared,
-                prompt[shared:].astype(np.int32).tobytes(),
-                completion.astype(np.int32).tobytes(),
-                logprobs.astype(np.float32).tobytes(),
+                node.base,
+                node.shared,
+                node.prompt[node.shared :].astype(np.int32).tobytes(),
+                node.completion.astype(np.int32).tobytes(),
+                node.logprobs.astype(np.float32).tobytes(),
                 finish_reason,
                 int(streamed),
                 wall_s,

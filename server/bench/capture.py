@@ -11,39 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
 
-from swe_gym_env.server.bench import emit, pct, summary_ms
+from swe_gym_env.cli import free_port
+from swe_gym_env.server.bench import emit, pct, procs, summary_ms
 
 CONCURRENCY = (1, 64, 256)
 SIZES = (1000, 8000)
 CALLS = {1: 100, 64: 512, 256: 1024}
-
-
-def _wait(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    import httpx
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy after {timeout}s")
-
-
-def _free_port() -> int:
-    from swe_gym_env.cli import free_port
-
-    return free_port()
 
 
 def _request(size: int, stream: bool) -> dict:
@@ -116,23 +94,13 @@ async def _mint(server: str, admin: str, engine: str, n: int) -> list[str]:
 
 
 def _start_server(stack: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
-    port = _free_port()
     env = {
-        **os.environ,
         "SWE_GYM_ADMIN_KEY": admin,
         "SWE_GYM_DATA_DIR": os.path.join(tmp, f"data-{upstream}"),
         "SWE_GYM_UPSTREAM": upstream,
         "SWE_GYM_UI": "0",
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "swe_gym_env.cli", "serve", "--port", str(port), "--engine-url", engine],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    stack.callback(lambda: (proc.terminate(), proc.wait(10)))
-    _wait(f"http://127.0.0.1:{port}/health", proc)
-    return f"http://127.0.0.1:{port}"
+    return procs.server(stack, engine, env)[0]
 
 
 def run(as_json: bool, quick: bool = False, clients: tuple[str, ...] = ("aiohttp",)) -> int:
@@ -140,15 +108,10 @@ def run(as_json: bool, quick: bool = False, clients: tuple[str, ...] = ("aiohttp
     sizes, concs = ((1000,), (1, 64)) if quick else (SIZES, CONCURRENCY)
     results = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        eport = _free_port()
-        stub = subprocess.Popen(
-            [sys.executable, "-m", "swe_gym_env.server.bench.stub_engine", str(eport)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        stack.callback(lambda: (stub.terminate(), stub.wait(10)))
+        eport = free_port()
         engine = f"http://127.0.0.1:{eport}"
-        _wait(f"{engine}/health", stub)
+        stub = [sys.executable, "-m", "swe_gym_env.server.bench.stub_engine", str(eport)]
+        procs.start(stack, stub, f"{engine}/health")
         servers = {name: _start_server(stack, tmp, engine + "/v1", admin, name) for name in clients}
         for size in sizes:
             for stream in (False, True):

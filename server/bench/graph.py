@@ -29,12 +29,7 @@ def _ingest(store: CaptureStore, sid: str, g: RolloutGraph, i: int, prompt: list
     node, keys, _ = g.link(prompt, comp, [-0.5] * len(comp))
     store.add_call(
         sid,
-        i,
-        base=node.base,
-        shared=node.shared,
-        prompt=node.prompt,
-        completion=node.completion,
-        logprobs=node.logprobs,
+        node,
         finish_reason="tool_calls",
         streamed=True,
         wall_s=0.0,

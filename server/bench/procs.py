@@ -42,7 +42,18 @@ def server(stack: ExitStack, engine_url: str, env: dict | None = None) -> tuple[
     port = free_port()
     argv = [*ME, "serve", "--port", str(port), "--engine-url", engine_url]
     proc, took = start(stack, argv, f"http://127.0.0.1:{port}/health", env)
-    return f"http://127.0.0.1:{port}", proc, took
+    url = f"http://127.0.0.1:{port}"
+    wait_warm(url)
+    return url, proc, took
+
+
+def wait_warm(url: str, timeout: float = 120) -> None:
+    """Measure a warm server: the grading imports it loads in a thread at start take seconds of CPU."""
+    import httpx
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not httpx.get(f"{url}/health", timeout=5).json().get("warm"):
+        time.sleep(0.2)
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
