@@ -135,6 +135,7 @@ async def test_first_chunk_arrives_before_the_engine_finishes_and_the_end_waits_
         store = CaptureStore(tmp_path / "c.sqlite")
         proxy = CaptureProxy(store)
         session, key = proxy.open_session(EngineTarget(engine_url + "/v1", MODEL), max_calls=5, max_tokens=64)
+
         @contextlib.asynccontextmanager
         async def lifespan(app):
             yield
