@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from swe_gym_env.server.agents.base import AgentError
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.assets import tokenizer_dir
 from swe_gym_env.server.certify import certify
@@ -13,7 +14,11 @@ async def gather_info(engine_url: str | None) -> dict:
     agents = {}
     for name, cls in HARNESSES.items():
         h = cls()
-        agents[name] = {"version": h.version, "installed": h.cli_js(h.install_dir()).is_file()}
+        try:
+            h.mounts()  # raises when the install is missing or broken
+            agents[name] = {"version": h.version, "installed": True}
+        except AgentError as e:
+            agents[name] = {"version": h.version, "installed": False, "reason": str(e)}
     sandboxes = preflight_all()  # per backend: available, and the reason when not
     datasets = {}
     for split in split_names():

@@ -331,7 +331,8 @@ class RolloutService:
         if req.mode == "black_box" and req.purpose == "train":
             raise RolloutFailure("validate", "mode=black_box is for eval only (no token data): use purpose=eval")
         if req.purpose == "train" and (cert.level != "tokens" or cert.logprobs_mode != "processed"):
-            why = cert.detail or f"capture level {cert.level}, logprobs {cert.logprobs_mode}"
+            why = f"capture level {cert.level}, {cert.logprobs_mode} logprobs"
+            why += f": {cert.detail}" if cert.detail else ""
             raise RolloutFailure(
                 "validate",
                 f"purpose=train needs an engine that returns token ids with processed "

@@ -149,7 +149,7 @@ async def test_scripted_agent_cannot_game_the_reward(tmp_path, steps, reward):
     assert result.ok, result.error
     assert result.reward == reward and len(result.turns) == len(steps) + 1
     assert "tests/conftest.py" in result.model_patch and "reward.txt" in result.model_patch
-    assert any("protected files" in f and "tests/conftest.py" in f for f in result.findings)
+    assert any("protected files" in f.message and "tests/conftest.py" in f.message for f in result.findings)
 
 
 BOOT = (
