@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -111,6 +112,10 @@ class CaptureSession:
 
 def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status, media_type="application/json")
 
 
 def _agent_error(status: int, message: str) -> JSONResponse:
@@ -266,7 +271,7 @@ class CaptureProxy:
         if len(raw) > MAX_BODY_BYTES:
             return _agent_error(413, f"request body over {MAX_BODY_BYTES} bytes")
         try:
-            body = json.loads(raw)
+            body = orjson.loads(raw)
         except ValueError:
             return _agent_error(400, "request body is not valid JSON")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -280,7 +285,7 @@ class CaptureProxy:
             msg = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
             if stream:
                 return StreamingResponse(chat.sse_replay(model, msg, "stop", None), media_type="text/event-stream")
-            return JSONResponse(chat.reply_json(model, msg, "stop", None))
+            return _json(chat.reply_json(model, msg, "stop", None))
         session.calls += 1
         session.last_call_at = time.time()
         if session.passthrough:
@@ -311,7 +316,7 @@ class CaptureProxy:
                 chat.sse_replay(model, call.message, call.finish_reason, call.usage if include_usage else None),
                 media_type="text/event-stream",
             )
-        return JSONResponse(chat.reply_json(model, call.message, call.finish_reason, call.usage))
+        return _json(chat.reply_json(model, call.message, call.finish_reason, call.usage))
 
     @staticmethod
     def _parse_reply(status: int, data: bytes) -> Any:
@@ -319,7 +324,7 @@ class CaptureProxy:
             text = data[:500].decode("utf-8", "replace")
             raise chat.DialectError(status if status < 500 else 502, f"engine answered HTTP {status}: {text}")
         try:
-            return json.loads(data)
+            return orjson.loads(data)
         except ValueError as e:
             raise chat.DialectError(502, "engine reply is not JSON") from e
 
@@ -442,7 +447,7 @@ class CaptureProxy:
                             await queue.put(("raw", data))
                             continue
                         try:
-                            event = json.loads(data)
+                            event = orjson.loads(data)
                         except ValueError:
                             raise chat.DialectError(502, "engine streamed a chunk that is not JSON") from None
                         if not isinstance(event, dict):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 CAPTURE_ONLY_KEYS = ("prompt_token_ids", "token_ids", "prompt_logprobs", "kv_transfer_params")
 
@@ -208,7 +209,7 @@ def agent_chunk(chunk: dict, model: Any) -> dict:
 
 
 def sse(data: dict | str) -> bytes:
-    return b"data: " + (data if isinstance(data, str) else json.dumps(data)).encode() + b"\n\n"
+    return b"data: " + (data.encode() if isinstance(data, str) else orjson.dumps(data)) + b"\n\n"
 
 
 def reply_json(model: Any, msg: dict, finish: str | None, usage: dict | None) -> dict:

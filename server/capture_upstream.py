@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
 
+import orjson
+
 
 class UpstreamError(Exception):
     """The engine could not be reached or did not answer in time."""
@@ -60,7 +62,7 @@ class AiohttpUpstream:
 
         try:
             async with self._client().post(
-                url, data=json.dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+                url, data=orjson.dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as r:
                 return r.status, await r.read()
         except TimeoutError as e:
@@ -75,7 +77,7 @@ class AiohttpUpstream:
         try:
             async with self._client().post(
                 url,
-                data=json.dumps(body),
+                data=orjson.dumps(body),
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, sock_read=timeout),
             ) as r:
@@ -117,7 +119,7 @@ class HttpxUpstream:
         import httpx
 
         try:
-            r = await self._client.post(url, content=json.dumps(body), headers=headers, timeout=timeout)
+            r = await self._client.post(url, content=orjson.dumps(body), headers=headers, timeout=timeout)
         except httpx.TimeoutException as e:
             raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
         except httpx.HTTPError as e:
@@ -131,7 +133,7 @@ class HttpxUpstream:
         try:
             async with asyncio.timeout(timeout):
                 async with self._client.stream(
-                    "POST", url, content=json.dumps(body), headers=headers, timeout=timeout
+                    "POST", url, content=orjson.dumps(body), headers=headers, timeout=timeout
                 ) as r:
                     yield _HttpxStream(r)
         except (httpx.TimeoutException, TimeoutError) as e:
