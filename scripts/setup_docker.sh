@@ -20,9 +20,11 @@ ROOTFS_TAR=$STATE/rootfs-bookworm.tar
 daemon_up() { docker info >/dev/null 2>&1; }
 
 stop() {
-  if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    kill "$(cat "$PIDFILE")"
-    for _ in $(seq 50); do kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break; sleep 0.2; done
+  local pid
+  pid=$(cat "$PIDFILE" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     echo "dockerd stopped"
   fi
   rm -f "$PIDFILE"
