@@ -9,9 +9,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from swe_gym_env.sequences import chain_turns
 from swe_gym_env.server.rollout import RolloutRecord, RolloutService
-from swe_gym_env.ui.render import TokenText, count_roots, esc
+from swe_gym_env.ui.render import TokenText, esc
 from swe_gym_env.wire import RolloutResult, Turn
 
 QUIET_AFTER_S = 60.0  # an agent phase this long without a model call is flagged
@@ -49,14 +48,12 @@ def live_table_html(service: RolloutService) -> str:
     rows = []
     for rec in recs:
         s = rec.summary()
-        turns = list(rec.session.turns) if rec.session else []
-        roots = count_roots(turns, [[t.index for t in c] for c in chain_turns(turns)])
         since = "—" if s.seconds_since_last_call is None else f"{s.seconds_since_last_call:.1f}s"
         what = activity(rec, now - rec.phase_since, now)
         rows.append(
             f'<tr data-rollout="{esc(rec.rollout_id, 64)}"><td><code>{esc(rec.rollout_id, 64)}</code></td>'
             f"<td>{esc(s.instance_id or rec.request.instance_id or '', 200)}</td><td>{esc(s.harness, 40)}</td>"
-            f"<td>{esc(s.sandbox, 40)}</td><td>{esc(s.phase, 20)}</td><td>{s.turns}</td><td>{roots}</td>"
+            f"<td>{esc(s.sandbox, 40)}</td><td>{esc(s.phase, 20)}</td><td>{s.turns}</td><td>{s.roots}</td>"
             f"<td>{since}</td><td>{esc(what, 200)}</td></tr>"
         )
     return (

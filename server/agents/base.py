@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -113,6 +114,16 @@ def cross_check(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -
     """Reconcile the agent's own trace with the capture: ("match" | "mismatch" | "none", detail)."""
     r = reconcile(outcome, turns, budget_replies)
     return r.verdict, r.detail
+
+
+def npm_install(root: Path, spec: str, entry: Path, extra: tuple[str, ...] = (), log=print) -> None:
+    """Install one pinned npm package under ``root`` (once per host); ``entry`` must exist afterwards."""
+    root.mkdir(parents=True, exist_ok=True)
+    log(f"installing {spec} with npm into {root}")
+    argv = ["npm", "install", "--prefix", str(root), *extra, "--no-audit", "--no-fund", "--loglevel=error", spec]
+    subprocess.run(argv, check=True)
+    if not entry.is_file():
+        raise AgentError("install", f"npm install finished but {entry} is missing")
 
 
 class Harness(Protocol):

@@ -14,10 +14,16 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
-from swe_gym_env.server.agents.base import AGENT_HOME, AGENT_MOUNT, AgentConfig, AgentError, AgentOutcome
+from swe_gym_env.server.agents.base import (
+    AGENT_HOME,
+    AGENT_MOUNT,
+    AgentConfig,
+    AgentError,
+    AgentOutcome,
+    npm_install,
+)
 from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"
@@ -47,23 +53,7 @@ class OpenCodeHarness:
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
         if not self.binary(root).is_file():
-            root.mkdir(parents=True, exist_ok=True)
-            log(f"installing {self.package}@{self.version} with npm into {root}")
-            subprocess.run(
-                [
-                    "npm",
-                    "install",
-                    "--prefix",
-                    str(root),
-                    "--no-audit",
-                    "--no-fund",
-                    "--loglevel=error",
-                    f"{self.package}@{self.version}",
-                ],
-                check=True,
-            )
-            if not self.binary(root).is_file():
-                raise AgentError("install", f"npm install finished but {self.binary(root)} is missing")
+            npm_install(root, f"{self.package}@{self.version}", self.binary(root), log=log)
         self._link_tools(root)
         return root
 

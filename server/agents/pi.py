@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 from pathlib import Path
 
-from swe_gym_env.server.agents.base import AGENT_HOME, AGENT_MOUNT, AgentConfig, AgentError, AgentOutcome
+from swe_gym_env.server.agents.base import (
+    AGENT_HOME,
+    AGENT_MOUNT,
+    AgentConfig,
+    AgentError,
+    AgentOutcome,
+    npm_install,
+)
 from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
@@ -35,24 +41,7 @@ class PiHarness:
         root = self.install_dir()
         if self.cli_js(root).is_file():
             return root
-        root.mkdir(parents=True, exist_ok=True)
-        log(f"installing {self.package}@{self.version} with npm into {root}")
-        subprocess.run(
-            [
-                "npm",
-                "install",
-                "--prefix",
-                str(root),
-                "--omit=optional",
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                f"{self.package}@{self.version}",
-            ],
-            check=True,
-        )
-        if not self.cli_js(root).is_file():
-            raise AgentError("install", f"npm install finished but {self.cli_js(root)} is missing")
+        npm_install(root, f"{self.package}@{self.version}", self.cli_js(root), ("--omit=optional",), log)
         return root
 
     def mounts(self) -> dict[str, str]:
