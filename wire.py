@@ -67,12 +67,32 @@ class Turn(BaseModel):
     wall_s: float
     request: dict = Field(description="The request as forwarded upstream (messages, tools, sampling).")
     response_message: dict = Field(description="The assistant message returned to the agent.")
-    parent: int | None = Field(None, description="Rollout graph: the call this one continues (None: a root).")
-    relation: Literal["root", "extends", "drift", "sibling"] = Field(
-        "root", description="extends: its prompt holds the parent's ids exactly; drift: re-tokenised; sibling: a retry."
+    parent: int | None = Field(
+        None, description="Rollout graph: the call whose whole prompt this prompt holds (None: a root)."
     )
-    role: Literal["agent", "aux"] = Field("agent", description="aux: a call outside the agent's main conversation.")
-    discarded: bool = Field(False, description="On a branch that led nowhere (kept visible, not trained on).")
+    relation: Literal["root", "extends", "drift"] = Field(
+        "root",
+        description="extends: the prompt holds the parent's prompt + completion exactly; drift: the parent's "
+        "completion re-tokenised differently.",
+    )
+    retry_of: int | None = Field(None, description="An earlier call with exactly this prompt (a retry or resample).")
+    role: Literal["agent", "aux"] = Field("agent", description="aux: a call outside the agent's own conversations.")
+    discarded: bool = Field(
+        False, description="Abandoned (retried, or never used by the agent): kept visible, never trained on."
+    )
+
+
+def count_roots(turns: list[Turn]) -> int:
+    """Conversations in the rollout graph: calls that continue none before them (the one count of roots)."""
+    return sum(1 for t in turns if t.parent is None)
+
+
+class SequenceRef(BaseModel):
+    """A training sequence of the rollout graph: calls in order, each extending the previous one exactly."""
+
+    turns: list[int] = Field(description="Turn indices, in order.")
+    role: Literal["agent", "aux"] = "agent"
+    discarded: bool = Field(False, description="An abandoned branch: never trained on.")
 
 
 class Finding(BaseModel):
@@ -118,8 +138,8 @@ class RolloutResult(BaseModel):
     wall_s: float = 0.0
     agent_exit_code: int | None = None
     agent_log_tail: str = ""
-    sequences: list[list[int]] = Field(
-        [], description="Turn indices per training sequence (each prompt extends the previous turn exactly)."
+    sequences: list[SequenceRef] = Field(
+        [], description="The rollout graph's training sequences (the only source of training rows)."
     )
     cross_check: Literal["match", "mismatch", "none"] | None = Field(
         None, description="The agent's own event stream vs the capture, call by call; none: the agent left no trace."
@@ -129,6 +149,10 @@ class RolloutResult(BaseModel):
     logprobs_mode: str | None = Field(None, description="processed | raw | placeholder | unknown.")
     capture_session_id: str | None = Field(None, description="The capture session (readable after a restart).")
     findings: Annotated[list[Finding], BeforeValidator(_findings)] = []
+
+    @property
+    def roots(self) -> int:
+        return count_roots(self.turns)
 
 
 def failed_result(
@@ -179,7 +203,7 @@ class RolloutSummary(BaseModel):
             ok=r.ok,
             reward=r.reward,
             turns=len(r.turns),
-            roots=sum(1 for t in r.turns if t.parent is None),
+            roots=r.roots,
             error=r.error,
             capture_session_id=r.capture_session_id,
         )
@@ -239,6 +263,7 @@ class TrainingRow(BaseModel):
     loss_mask: list[int] = Field(description="1 on sampled tokens, 0 on prompt / tool-result tokens.")
     logprobs: list[float] = Field(description="The engine's logprob per input token (0.0 where loss_mask is 0).")
     turn_indices: list[int]
+    role: Literal["agent", "aux"] = Field("agent", description="aux: outside the agent's own conversations.")
 
 
 class CaptureSessionCreate(BaseModel):

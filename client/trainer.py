@@ -1,7 +1,10 @@
 """Trainer adapters: rollout results → training rows, using the captured ids and logprobs exactly as they are.
 
-Turns are chained into sequences by `swe_gym_env.sequences.chain_turns` (exact token prefixes only). Rollouts
-that are not `ok` (or have no reward) yield no rows: an unscorable rollout is excluded, never scored 0.
+The rows are the rollout graph's sequences (`RolloutResult.sequences`), laid out by `swe_gym_env.sequences`,
+the same code that lays out the server's export: a row is a chain of calls each extending the previous one
+exactly, with loss mask 1 on sampled tokens. Discarded sequences (abandoned branches: retried calls, calls the
+agent never used) never become rows. Rollouts that are not `ok` (or have no reward) yield no rows: an unscorable
+rollout is excluded, never scored 0. A result whose sequences do not match its turns is an error, not a row.
 """
 
 from __future__ import annotations
@@ -9,23 +12,34 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from swe_gym_env.sequences import chain_turns
+from swe_gym_env.sequences import SequenceError, check_prefixes, materialize
 from swe_gym_env.wire import RolloutResult, TrainingRow
 
 
-def training_rows(result: RolloutResult) -> list[TrainingRow]:
+def training_rows(result: RolloutResult, roles: Iterable[str] = ("agent", "aux")) -> list[TrainingRow]:
+    """One row per kept sequence whose role is in ``roles`` (both by default; ``("agent",)`` for the agent's
+    own conversations only)."""
     if not result.ok or result.reward is None:
         return []
+    if result.turns and not result.sequences:
+        raise SequenceError(f"rollout {result.rollout_id} has turns but no sequences (a result from an older server?)")
+    by_index = {t.index: t for t in result.turns}
+    wanted = set(roles)
     rows = []
-    for chain in chain_turns(result.turns):
-        ids: list[int] = []
-        mask: list[int] = []
-        lps: list[float] = []
-        for turn in chain:
-            new_prompt = turn.prompt_token_ids[len(ids) :]
-            ids += [*new_prompt, *turn.completion_token_ids]
-            mask += [0] * len(new_prompt) + [1] * len(turn.completion_token_ids)
-            lps += [0.0] * len(new_prompt) + list(turn.logprobs)
+    for seq in result.sequences:
+        if seq.discarded or seq.role not in wanted:
+            continue
+        try:
+            chain = [by_index[i] for i in seq.turns]
+        except KeyError as e:
+            raise SequenceError(f"rollout {result.rollout_id}: a sequence names turn {e}, which it lacks") from None
+        if any(t.discarded for t in chain):
+            raise SequenceError(f"rollout {result.rollout_id}: kept sequence {seq.turns} holds a discarded turn")
+        ids, mask, lps = materialize(
+            chain[-1].prompt_token_ids,
+            [(len(t.prompt_token_ids), t.completion_token_ids, t.logprobs) for t in chain],
+        )
+        check_prefixes([t.prompt_token_ids for t in chain], ids)
         rows.append(
             TrainingRow(
                 rollout_id=result.rollout_id,
@@ -34,10 +48,19 @@ def training_rows(result: RolloutResult) -> list[TrainingRow]:
                 input_ids=ids,
                 loss_mask=mask,
                 logprobs=lps,
-                turn_indices=[t.index for t in chain],
+                turn_indices=list(seq.turns),
+                role=seq.role,
             )
         )
     return rows
+
+
+def main_row(rows: list[TrainingRow]) -> TrainingRow | None:
+    """The row that stands for a rollout where only one fits (TRL takes one sequence per sample): among the
+    agent's rows (any row when there is none), the one with the most sampled tokens; on a tie, the one that ends
+    later in the rollout. Discarded branches are never rows, so this is always a branch the agent kept."""
+    pool = [r for r in rows if r.role == "agent"] or rows
+    return max(pool, key=lambda r: (sum(r.loss_mask), r.turn_indices[-1]), default=None)
 
 
 def group_advantages(results: Iterable[RolloutResult]) -> dict[str, float]:

@@ -24,9 +24,11 @@ How a swe_gym_env rollout becomes one TRL sample:
   `instance_id` (`prompt_to_task`); pass `tasks_for_prompt` for another mapping (it returns `RolloutRequest`
   fields, e.g. `{"index": 3, "split": "gym"}`).
 - One rollout per prompt, all concurrently (up to `max_concurrency`) over one `SweGymWSClient`.
-- `training_rows` turns the result into sequences; a rollout whose agent's re-sent history re-tokenised
-  differently has several. TRL takes one sequence per sample, so the LONGEST sequence (most tokens) is used and
-  the others are dropped (their count is in `env_dropped_sequences`). Its first prompt is `prompt_ids`; the rest
+- `training_rows` turns the result into its kept sequences (abandoned branches are never rows); a rollout whose
+  agent's re-sent history re-tokenised differently, or that has subagent / auxiliary conversations, has several.
+  TRL takes one sequence per sample, so `main_row` picks one: among the agent's own rows, the one with the most
+  sampled tokens, on a tie the one that ends later; the others are dropped (their count is in
+  `env_dropped_sequences`). Its first prompt is `prompt_ids`; the rest
   (completions, plus the tool-result tokens in between) is `completion_ids`, with `env_mask` 0 on the tool-result
   tokens and the engine's logprobs on the sampled tokens (0.0 elsewhere, as TRL's own tool loop does). The
   captured ids and logprobs are used exactly as they are: nothing is re-tokenised.
@@ -52,8 +54,9 @@ import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from swe_gym_env.client.trainer import training_rows
+from swe_gym_env.client.trainer import main_row, training_rows
 from swe_gym_env.client.ws_client import SweGymWSClient
+from swe_gym_env.sequences import SequenceError
 from swe_gym_env.wire import RolloutRequest, RolloutResult, TrainingRow, failed_result
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
@@ -87,9 +90,13 @@ def placeholder_token(trainer: Any) -> int:
 
 def _sample(result: RolloutResult, placeholder: int) -> tuple[dict[str, Any], int]:
     """One TRL sample for one result, and how many of its sequences were left out."""
-    rows: list[TrainingRow] = training_rows(result)
+    try:
+        rows: list[TrainingRow] = training_rows(result)
+    except SequenceError as e:  # a result whose sequences do not match its turns: unscorable, loudly
+        result = result.model_copy(update={"ok": False, "reward": None, "error": f"bad training sequences: {e}"})
+        rows = []
     reward = result.reward if (result.ok and result.reward is not None) else None
-    row = max(rows, key=lambda r: len(r.input_ids)) if rows else None
+    row = main_row(rows)
     start = row.loss_mask.index(1) if row is not None and 1 in row.loss_mask else None
     if row is None or start is None:  # unscorable, or nothing sampled: placeholder, no token in the loss
         sample = {"prompt_ids": [placeholder], "completion_ids": [placeholder], "logprobs": [0.0], "env_mask": [0]}
@@ -101,6 +108,7 @@ def _sample(result: RolloutResult, placeholder: int) -> tuple[dict[str, Any], in
             "env_mask": [int(m) for m in row.loss_mask[start:]],
         }
     sample["env_reward"] = reward
+    sample["env_error"] = None if reward is not None else (result.error or "no reward: grading did not run")
     return sample, max(len(rows) - 1, 0)
 
 
@@ -124,9 +132,6 @@ def trl_output(results: Sequence[RolloutResult], placeholder_token_id: int = 0) 
             out[key].append(value)
         out["env_rollout_id"].append(result.rollout_id)
         out["env_instance_id"].append(result.instance_id)
-        out["env_error"].append(
-            None if sample["env_reward"] is not None else (result.error or "no reward: grading did not run")
-        )
         out["env_dropped_sequences"].append(dropped)
     return out
 

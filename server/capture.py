@@ -33,13 +33,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from swe_gym_env.server import capture_chat as chat
-from swe_gym_env.server.capture_graph import RolloutGraph
+from swe_gym_env.server.capture_graph import RolloutGraph, Segment
 from swe_gym_env.server.capture_store import CaptureStore
 from swe_gym_env.server.capture_upstream import Upstream, UpstreamError, make_upstream
 from swe_gym_env.server.security import admin_ok, bearer
 from swe_gym_env.wire import CaptureSessionCreate, Finding, Turn
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_FAILURE_FINDINGS = 20  # per session; the rest are counted in one finding
 SESSION_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -69,6 +70,8 @@ class CaptureSession:
     max_tokens: int
     call_timeout_s: float
     sampling: dict[str, float | int] = field(default_factory=dict)  # forced on every upstream call
+    stall_timeout_s: float = 60.0  # a stream that sends nothing for this long ends its call with an error
+    max_consecutive_failures: int = 5  # failed calls in a row that stop the session (stop_reason engine_failures)
     passthrough: bool = False  # black-box: forward unchanged, capture nothing (eval only)
     stream_through: bool = True
     labels: dict[str, str] = field(default_factory=dict)
@@ -77,6 +80,11 @@ class CaptureSession:
     findings: list[Finding] = field(default_factory=list)
     rewrites: Counter = field(default_factory=Counter)
     calls: int = 0  # calls the agent made (budget replies excluded)
+    failed: int = 0  # of which failed at the engine or the proxy (they do not count against the budget)
+    consecutive_failures: int = 0  # failed calls since the last one that succeeded
+    failures: list[tuple[int, str]] = field(default_factory=list)  # (call number, error), for the findings
+    demoted: set[int] = field(default_factory=set)  # turns the agent's own record shows it never used
+    sequences: list[Segment] = field(default_factory=list)  # set when the session closes
     stop_reason: str | None = None
     budget_replies: int = 0  # final "budget exhausted" replies: seen by the agent, not turns
     closed: bool = False
@@ -100,6 +108,7 @@ class CaptureSession:
             "engine": self.engine.public(),
             "labels": self.labels,
             "calls": self.calls,
+            "failed_calls": self.failed,
             "turns": len(self.turns),
             "roots": len(self.graph.roots()),
             "budget_replies": self.budget_replies,
@@ -141,6 +150,8 @@ class CaptureProxy:
         passthrough: bool = False,
         session_id: str | None = None,
         labels: dict[str, str] | None = None,
+        stall_timeout_s: float = 60.0,
+        max_consecutive_failures: int = 5,
     ) -> tuple[CaptureSession, str]:
         """A new session and its secret key (returned once; only its hash is kept)."""
         sid = session_id or uuid.uuid4().hex[:16]
@@ -158,6 +169,8 @@ class CaptureProxy:
             sampling=dict(sampling or {}),
             passthrough=passthrough,
             labels=dict(labels or {}),
+            stall_timeout_s=stall_timeout_s,
+            max_consecutive_failures=max_consecutive_failures,
         )
         self._by_key[_hash(key)] = session
         self.sessions[sid] = session
@@ -174,6 +187,8 @@ class CaptureProxy:
             "max_calls": session.max_calls,
             "max_tokens": session.max_tokens,
             "call_timeout_s": session.call_timeout_s,
+            "stall_timeout_s": session.stall_timeout_s,
+            "max_consecutive_failures": session.max_consecutive_failures,
             "mode": "passthrough" if session.passthrough else "capture",
             "labels": session.labels,
         }
@@ -196,14 +211,23 @@ class CaptureProxy:
                 findings=[f.model_dump() for f in session.findings],
                 errors=session.errors,
                 budget_replies=session.budget_replies,
+                demoted=sorted(session.demoted),
             )
         session.publish({"type": "closed", "session": session.id, "turns": len(session.turns)})
 
     @staticmethod
     def _finalize(session: CaptureSession) -> None:
-        g = session.graph
         for what, n in session.rewrites.items():
             session.findings.append(Finding(severity="info", code="rewrite", message=f"{what} ({n} calls)"))
+        for call, message in session.failures[:MAX_FAILURE_FINDINGS]:
+            session.findings.append(
+                Finding(severity="warning", code="engine_failure", message=f"model call {call} failed: {message}")
+            )
+        if len(session.failures) > MAX_FAILURE_FINDINGS:
+            more = len(session.failures) - MAX_FAILURE_FINDINGS
+            session.findings.append(
+                Finding(severity="warning", code="engine_failure", message=f"{more} more failed model calls")
+            )
         if session.passthrough:
             return
         if not session.turns:
@@ -211,20 +235,29 @@ class CaptureProxy:
                 Finding(severity="fatal", code="no_model_calls", message="no model call was captured")
             )
             return
-        g.mark_discarded()
-        sizes = Counter(n.root for n in g.nodes)
-        main_root = max(sizes, key=lambda r: (sizes[r], -r))
-        for turn, node in zip(session.turns, g.nodes, strict=True):
-            turn.discarded = turn.discarded or node.discarded  # the agent's cross-check may have demoted it already
-            turn.role = "agent" if node.root == main_root else "aux"
-        if len(sizes) > 1:
+        session.sequences = CaptureProxy.apply_graph(session.graph, session.turns, session.demoted)
+        roots = session.graph.roots()
+        if len(roots) > 1:
+            aux = sum(1 for r in roots if session.graph.nodes[r].role == "aux")
             session.findings.append(
                 Finding(
                     severity="info",
                     code="roots",
-                    message=f"{len(sizes)} conversations (roots); {len(sizes) - 1} outside the agent's main one",
+                    message=f"{len(roots)} conversations (roots); {aux} outside the agent's own",
                 )
             )
+
+    @staticmethod
+    def apply_graph(g: RolloutGraph, turns: list, demoted: set[int] | list[int]) -> list[Segment]:
+        """Discards, roles and training sequences from the graph, written onto the turns (models or dicts)."""
+        g.finalize(demoted)
+        for turn, node in zip(turns, g.nodes, strict=True):
+            fields = {"discarded": node.discarded, "role": node.role}
+            if isinstance(turn, dict):
+                turn.update(fields)
+            else:
+                turn.discarded, turn.role = node.discarded, node.role
+        return g.segments()
 
     def open_sessions(self) -> int:
         return len(self._by_key)
@@ -279,7 +312,11 @@ class CaptureProxy:
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         model = body.get("model")
-        if session.calls >= session.max_calls:
+        if session.stop_reason == "engine_failures":  # the session gave up on its engine: fail at once
+            return _agent_error(
+                503, f"capture session stopped after {session.consecutive_failures} failed calls in a row"
+            )
+        if session.calls - session.failed >= session.max_calls:  # failed calls never use up the budget
             session.stop_reason = "budget_exhausted"
             session.budget_replies += 1
             msg = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
@@ -310,7 +347,7 @@ class CaptureProxy:
         except UpstreamError as e:
             return self._fail(session, 504 if e.timeout else 502, str(e))
         except chat.DialectError as e:
-            return self._fail(session, e.status, e.message)
+            return self._fail(session, e.status, e.message, e.code)
         if stream:
             return StreamingResponse(
                 chat.sse_replay(model, call.message, call.finish_reason, call.usage if include_usage else None),
@@ -328,13 +365,32 @@ class CaptureProxy:
         except ValueError as e:
             raise chat.DialectError(502, "engine reply is not JSON") from e
 
-    def _fail(self, session: CaptureSession, status: int, message: str) -> JSONResponse:
-        self._error(session, message)
+    def _fail(self, session: CaptureSession, status: int, message: str, code: str | None = None) -> JSONResponse:
+        self._error(session, message, code)
         return _agent_error(status, message)
 
     @staticmethod
-    def _error(session: CaptureSession, message: str) -> None:
+    def _error(session: CaptureSession, message: str, code: str | None = None) -> None:
+        """A call that failed at the engine or here: it does not count against the budget; enough of them in a row
+        stop the session; an engine that stops returning token ids makes the capture unusable."""
         session.errors.append(f"call {session.calls}: {message}")
+        session.failed += 1
+        session.consecutive_failures += 1
+        session.failures.append((session.calls, message))
+        if (
+            code == "no_token_ids"
+            and not session.passthrough
+            and not any(f.code == "engine_stopped_ids" for f in session.findings)
+        ):
+            session.findings.append(
+                Finding(
+                    severity="fatal",
+                    code="engine_stopped_ids",
+                    message=f"the engine stopped returning token ids (call {session.calls}: {message})",
+                )
+            )
+        if session.consecutive_failures >= session.max_consecutive_failures and session.stop_reason is None:
+            session.stop_reason = "engine_failures"
         session.publish({"type": "error", "session": session.id, "call": session.calls, "message": message})
 
     def _record(self, session: CaptureSession, up: dict, call: chat.CapturedCall, streamed: bool, wall: float) -> None:
@@ -377,8 +433,10 @@ class CaptureProxy:
             response_message=call.message,
             parent=node.parent,
             relation=node.relation,
+            retry_of=node.retry_of,
         )
         session.turns.append(turn)
+        session.consecutive_failures = 0
         session.findings.extend(findings)
         session.last_call_at = time.time()
         session.publish(
@@ -388,6 +446,7 @@ class CaptureProxy:
                 "index": index,
                 "parent": node.parent,
                 "relation": node.relation,
+                "retry_of": node.retry_of,
                 "prompt_tokens": len(call.prompt_token_ids),
                 "completion_tokens": len(call.completion_token_ids),
                 "finish_reason": call.finish_reason,
@@ -421,9 +480,13 @@ class CaptureProxy:
 
     # -- streaming --------------------------------------------------------------------------------------------
     async def _pump(self, session: CaptureSession, body: dict, queue: asyncio.Queue, raw: bool) -> None:
-        """Owns the upstream stream (its own task, so its timeout and cleanup never touch the caller's task)."""
+        """Owns the upstream stream (its own task, so its timeout and cleanup never touch the caller's task).
+        Two clocks: the whole call's timeout, and a stall timeout that restarts with every line the engine sends."""
+        loop = asyncio.get_running_loop()
+        stall = session.stall_timeout_s
+        idle = asyncio.timeout(stall)
         try:
-            async with asyncio.timeout(session.call_timeout_s):
+            async with asyncio.timeout(session.call_timeout_s), idle:
                 async with self.upstream.stream(
                     f"{session.engine.base_url}/chat/completions",
                     body,
@@ -436,6 +499,7 @@ class CaptureProxy:
                         kind = reply.content_type or "no content type"
                         raise chat.DialectError(502, f"engine answered a streamed request with {kind}, not a stream")
                     async for line in reply.lines():
+                        idle.reschedule(loop.time() + stall)
                         line = line.strip()
                         if not line.startswith(b"data:"):
                             continue
@@ -461,7 +525,10 @@ class CaptureProxy:
         except UpstreamError as e:
             await queue.put(("error", chat.DialectError(504 if e.timeout else 502, str(e))))
         except TimeoutError:
-            msg = f"engine timed out after {session.call_timeout_s:.0f}s"
+            if idle.expired():
+                msg = f"engine stream stalled: nothing for {stall:g}s (stall timeout)"
+            else:
+                msg = f"engine timed out after {session.call_timeout_s:.0f}s"
             await queue.put(("error", chat.DialectError(504, msg)))
         except asyncio.CancelledError:
             queue.put_nowait(("error", chat.DialectError(409, "the capture session closed during this call")))
@@ -477,8 +544,12 @@ class CaptureProxy:
         kind, first = await queue.get()
         if kind != "event" or first.get("prompt_token_ids") is None:
             pump.cancel()
-            err = first if kind == "error" else chat.DialectError(502, "engine streamed no prompt_token_ids")
-            return self._fail(session, err.status, err.message)
+            err = (
+                first
+                if kind == "error"
+                else chat.DialectError(502, "engine streamed no prompt_token_ids", "no_token_ids")
+            )
+            return self._fail(session, err.status, err.message, err.code)
         acc = chat.StreamAccumulator()
 
         async def body() -> AsyncIterator[bytes]:
@@ -505,7 +576,7 @@ class CaptureProxy:
                     yield chat.sse(chat.agent_chunk(item, model))
                 yield chat.sse("[DONE]")
             except chat.DialectError as e:
-                self._error(session, e.message)
+                self._error(session, e.message, e.code)
                 yield chat.sse(chat.error_body(e.status, e.message))
             finally:
                 pump.cancel()
@@ -527,6 +598,10 @@ class CaptureProxy:
                 status, data = await self._post(session, up)
             except UpstreamError as e:
                 return self._fail(session, 504 if e.timeout else 502, str(e))
+            if status == 200:
+                session.consecutive_failures = 0
+            else:
+                self._error(session, f"engine answered HTTP {status}")
             session.publish({"type": "call", "session": session.id, "call": session.calls, "status": status})
             return Response(data, status, media_type="application/json")
         queue: asyncio.Queue = asyncio.Queue()
@@ -548,6 +623,7 @@ class CaptureProxy:
                     yield b"data: " + item + b"\n\n"
                     k, item = await queue.get()
                 yield chat.sse("[DONE]")
+                session.consecutive_failures = 0
                 session.publish({"type": "call", "session": session.id, "call": session.calls, "status": 200})
             finally:
                 pump.cancel()
@@ -587,21 +663,17 @@ class CaptureProxy:
         }
 
     def export(self, session_id: str) -> dict | None:
-        """The session as a document: every turn with its own ids and logprobs, provenance, sequences + masks."""
+        """The session as a document: every turn with its own ids and logprobs, provenance, sequences + masks.
+        A closed session's document is the same before and after a server restart."""
         s = self.sessions.get(session_id)
         if s is None:
             return self._export_stored(session_id)
-        meta = self._meta(s)
+        if not s.closed and s.turns:  # provisional discards and roles (final when it closes)
+            self.apply_graph(s.graph, s.turns, s.demoted)
         turns = [t.model_dump() for t in s.turns]
-        return self._document(
-            session_id,
-            "closed" if s.closed else "open",
-            meta,
-            turns,
-            s.graph,
-            [f.model_dump() for f in s.findings],
-            s.stop_reason,
-        )
+        state = "closed" if s.closed else "open"
+        findings = [f.model_dump() for f in s.findings]
+        return self._document(session_id, state, self._meta(s), turns, s.graph, findings, s.stop_reason)
 
     def _export_stored(self, session_id: str) -> dict | None:
         if self.store is None:
@@ -610,16 +682,16 @@ class CaptureProxy:
         if data is None:
             return None
         g = RolloutGraph()
-        findings = list(data["findings"])
+        linked = []  # what linking found; a closed session's stored findings hold it already
         turns = []
         for c in data["calls"]:
-            findings += [f.model_dump() for f in g.add(c["prompt_token_ids"], c["completion_token_ids"], c["logprobs"])]
+            linked += [f.model_dump() for f in g.add(c["prompt_token_ids"], c["completion_token_ids"], c["logprobs"])]
             n = g.nodes[-1]
-            turns.append({**c, "parent": n.parent, "relation": n.relation})
+            turn = {k: v for k, v in c.items() if k != "at"}
+            turns.append(Turn(**turn, parent=n.parent, relation=n.relation, retry_of=n.retry_of).model_dump())
         if g.nodes:
-            g.mark_discarded()
-        for t, n in zip(turns, g.nodes, strict=True):
-            t["discarded"] = n.discarded
+            self.apply_graph(g, turns, data["demoted"])
+        findings = list(data["findings"]) + (linked if data["state"] != "closed" else [])
         return self._document(session_id, data["state"], data["meta"], turns, g, findings, data["stop_reason"])
 
     @staticmethod

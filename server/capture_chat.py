@@ -22,10 +22,14 @@ CAPTURE_ONLY_KEYS = ("prompt_token_ids", "token_ids", "prompt_logprobs", "kv_tra
 
 
 class DialectError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """A call that cannot be answered as a success. ``code`` names failures with a meaning beyond this call
+    (``no_token_ids``: the engine stopped returning token ids)."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.code = code
 
 
 @dataclass
@@ -100,9 +104,9 @@ def _int_list(x: Any) -> bool:
 def check_ids(prompt_ids: Any, ids: Any, content: Any) -> list[float]:
     """Validate a call's ids and logprobs; returns the logprobs. Anything off is an error, never a success."""
     if not _int_list(prompt_ids) or not prompt_ids:
-        raise DialectError(502, "engine returned no prompt_token_ids (is it vLLM >= 0.10.2?)")
+        raise DialectError(502, "engine returned no prompt_token_ids (is it vLLM >= 0.10.2?)", "no_token_ids")
     if not _int_list(ids) or not ids:
-        raise DialectError(502, "engine returned no completion token_ids")
+        raise DialectError(502, "engine returned no completion token_ids", "no_token_ids")
     if not isinstance(content, list) or len(content) != len(ids):
         raise DialectError(502, f"engine returned {len(content or [])} logprobs for {len(ids)} tokens")
     lps = []
@@ -266,3 +270,15 @@ def decoded_tool_calls(message: dict) -> list[dict]:
             parsed = args
         out.append({"id": call.get("id"), "name": fn.get("name"), "arguments": parsed})
     return out
+
+
+def request_text(request: dict) -> str:
+    """All the text of a chat request's messages (string contents and text parts), for content checks."""
+    out: list[str] = []
+    for m in request.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return "\n".join(out)

@@ -1,30 +1,37 @@
 """The rollout graph: how a session's calls relate, from their exact token ids alone.
 
-Each call (node) is linked to the earlier node whose prompt + completion shares the longest exact token prefix with
-its prompt. A full match is a clean extension; a prompt that re-tokenises the earlier completion differently is a
-child with *drift* at a position (a finding; each node's own ids stay exact); a prompt that branches inside the earlier
-node's prompt is a sibling (a retry, a resample, a fork). Nodes that share no block of tokens with anything before are
-roots: fresh conversations (the agent's main loop, subagents, auxiliary calls).
+Each call (node) is compared with the earlier node whose prompt + completion shares the longest exact token prefix
+with its prompt. Sharing that node's whole prompt makes it the parent: a full match of prompt + completion is a clean
+extension; a prompt that re-tokenises the completion differently is a child with *drift* at a position (a finding;
+each node's own ids stay exact). A prompt that branches inside that node's prompt (a retry or resample repeats it
+exactly; a rewritten history forks earlier) hangs under the deepest ancestor whose whole prompt it holds, or is a
+root when there is none. Nodes that share no block of tokens with anything before are roots: fresh conversations
+(the agent's main loop, subagents, auxiliary calls). ``finalize`` marks abandoned calls (retried, or unused by the
+agent) as discarded and each call's role; ``segments`` cuts the graph into training sequences.
 
 Linking cost does not grow with the number of nodes: every node's prefixes are indexed by a rolling hash at block
 boundaries, so finding the parent costs one pass over the new prompt plus a few exact comparisons. Ids are kept as
-int32 and logprobs as float32 arrays.
+int32 and logprobs as float64 arrays (the engine's values exactly).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
+from swe_gym_env.sequences import materialize
 from swe_gym_env.wire import Finding
 
 BLOCK = 16  # prefix granularity of the index; a prompt sharing fewer tokens than this with every node is a root
 MAX_PER_KEY = 8  # candidates kept per indexed prefix (siblings beyond this share the prefix with one already kept)
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
-Relation = Literal["root", "extends", "drift", "sibling"]
+Relation = Literal["root", "extends", "drift"]
+Role = Literal["agent", "aux"]
 
 
 @dataclass
@@ -32,14 +39,16 @@ class Node:
     index: int
     prompt: np.ndarray  # int32
     completion: np.ndarray  # int32
-    logprobs: np.ndarray  # float32
-    parent: int | None = None
-    relation: Relation = "root"
+    logprobs: np.ndarray  # float64: exactly the values the engine sent
+    parent: int | None = None  # the call whose whole prompt this prompt holds (None: a root)
+    relation: Relation = "root"  # extends: holds the parent's prompt + completion exactly; drift: re-tokenised
+    retry_of: int | None = None  # an earlier call with exactly this prompt (a retry or resample)
     base: int | None = None  # the earlier node whose prompt + completion shares the longest prefix with this prompt
     shared: int = 0  # how many tokens it shares
     root: int = 0
     children: list[int] = field(default_factory=list)
     discarded: bool = False
+    role: Role = "agent"
 
     @property
     def seq_len(self) -> int:
@@ -47,6 +56,15 @@ class Node:
 
     def seq(self) -> np.ndarray:
         return np.concatenate([self.prompt, self.completion])
+
+
+@dataclass
+class Segment:
+    """One training sequence: calls in order, each extending the previous exactly."""
+
+    turns: list[int]
+    role: Role
+    discarded: bool
 
 
 class _PrefixHasher:
@@ -112,7 +130,7 @@ class RolloutGraph:
         """Work out where a new call belongs, without changing the graph (``commit`` adds it)."""
         p = np.asarray(prompt, dtype=np.int32)
         c = np.asarray(completion, dtype=np.int32)
-        node = Node(len(self.nodes), p, c, np.asarray(logprobs, dtype=np.float32))
+        node = Node(len(self.nodes), p, c, np.asarray(logprobs, dtype=np.float64))
         keys = self._hasher.block_keys(node.seq())
         return node, keys, self._link(node, keys[: len(p) // BLOCK])
 
@@ -157,44 +175,44 @@ class RolloutGraph:
             return []
         m = self.nodes[best]
         node.base, node.shared = best, best_len
-        findings: list[Finding] = []
-        if len(m.prompt) <= best_len < len(node.prompt) or best_len == m.seq_len:
-            node.parent, node.root = best, m.root
-            if best_len == m.seq_len:
-                node.relation = "extends"
-            else:
-                node.relation = "drift"
-                pos = best_len - len(m.prompt)
-                findings.append(
-                    Finding(
-                        severity="warning",
-                        code="drift",
-                        message=f"call {node.index}'s prompt re-tokenises call {best}'s completion differently from "
-                        f"token {pos} of {len(m.completion)} (prompt position {best_len}); each call keeps its own ids",
-                        turn=node.index,
-                    )
-                )
-        else:  # branches inside m's prompt (or repeats it): a sibling of m under m's parent
-            node.relation = "sibling"
-            node.parent, node.root = m.parent, m.root
-            if m.parent is None:  # a second root with the same opening: a resample of a fresh conversation
-                node.root = node.index
-        return findings
+        same_prompt = best_len == len(node.prompt) == len(m.prompt)
+        if best_len >= len(m.prompt) and not same_prompt:
+            return self._attach(node, best, best_len)
+        if same_prompt:
+            node.retry_of = best
+        # the branch point lies inside m's prompt: the parent is m's deepest ancestor whose whole prompt this prompt
+        # shares (an ancestor's prompt is a prefix of its descendants' prompts: children share all of it)
+        a = m.parent
+        while a is not None and len(self.nodes[a].prompt) > best_len:
+            a = self.nodes[a].parent
+        if a is None:  # branches inside a root's own prompt: a fresh conversation (or a resample of one)
+            node.root = node.index
+            return []
+        anc = self.nodes[a]
+        return self._attach(node, a, _lcp_node(node.prompt, anc, start=len(anc.prompt)))
+
+    def _attach(self, node: Node, parent: int, shared: int) -> list[Finding]:
+        """Make ``parent`` (whose whole prompt this prompt holds) the node's parent: an exact extension, or drift."""
+        p = self.nodes[parent]
+        node.parent, node.root = parent, p.root
+        if shared == p.seq_len:
+            node.relation = "extends"
+            return []
+        node.relation = "drift"
+        pos = shared - len(p.prompt)
+        return [
+            Finding(
+                severity="warning",
+                code="drift",
+                message=f"call {node.index}'s prompt re-tokenises call {parent}'s completion differently from "
+                f"token {pos} of {len(p.completion)} (prompt position {shared}); each call keeps its own ids",
+                turn=node.index,
+            )
+        ]
 
     # -- reading -------------------------------------------------------------------------------------------------
     def roots(self) -> list[int]:
         return [n.index for n in self.nodes if n.parent is None]
-
-    def mark_discarded(self) -> None:
-        """Per root, the path to its latest leaf is kept; every other branch led nowhere and is discarded."""
-        for n in self.nodes:
-            n.discarded = True
-        for r in self.roots():
-            leaf = max(self._subtree(r))
-            i: int | None = leaf
-            while i is not None:
-                self.nodes[i].discarded = False
-                i = self.nodes[i].parent
 
     def _subtree(self, r: int) -> list[int]:
         out, stack = [], [r]
@@ -204,50 +222,87 @@ class RolloutGraph:
             stack.extend(self.nodes[i].children)
         return out
 
-    def leaves(self) -> list[int]:
-        return [n.index for n in self.nodes if not n.children]
+    def finalize(self, demoted: Iterable[int] = ()) -> None:
+        """Mark discarded calls and roles (idempotent; called when the session closes, and again on re-reading).
 
-    def path(self, leaf: int) -> list[int]:
-        out: list[int] = []
-        i: int | None = leaf
-        while i is not None:
-            out.append(i)
-            i = self.nodes[i].parent
-        return out[::-1]
+        A call is *discarded* when it was abandoned: a later call repeats its exact prompt (a retry or resample) and
+        its branch never grew after that retry was made; or the agent's own record shows it never used the call
+        (``demoted``). Everything below a discarded call is discarded too. Branches that rewrite the history (the
+        same opening, then a different prompt) are not abandoned: their calls were acted on, so they are kept.
 
-    def sequences(self) -> list[dict]:
-        """Training sequences: one per leaf, split where the path drifts (tokens never sampled together are never
-        spliced). Each has the leaf segment's full token ids, a loss mask (1 = sampled by the engine) and the
-        captured logprob of every masked token (0.0 elsewhere)."""
-        out = []
-        for leaf in self.leaves():
-            path = self.path(leaf)
-            segment: list[int] = []
-            for i in path:
-                if segment and self.nodes[i].relation != "extends":
-                    out.append(self._segment(segment, leaf))
-                    segment = []
-                segment.append(i)
-            out.append(self._segment(segment, leaf))
+        Roles: conversations (roots) that branch from one another's prompt (a shared opening of at least one block:
+        a compaction restart, a resample, a subagent with the agent's own system prompt) form a family; the family
+        with the most calls is the agent's (``agent``), every other call is ``aux``.
+        """
+        for n in self.nodes:
+            n.discarded = False
+        abandoned = set(demoted)
+        for n in self.nodes:
+            if n.retry_of is not None and max(self._subtree(n.retry_of)) < n.index:
+                abandoned.add(n.retry_of)
+        for i in sorted(abandoned):
+            if 0 <= i < len(self.nodes):
+                for j in self._subtree(i):
+                    self.nodes[j].discarded = True
+        family = list(range(len(self.nodes)))  # union-find over roots
+
+        def find(i: int) -> int:
+            while family[i] != i:
+                family[i] = family[family[i]]
+                i = family[i]
+            return i
+
+        for n in self.nodes:
+            if n.parent is None and n.base is not None:
+                family[find(n.index)] = find(self.nodes[n.base].root)
+        sizes = Counter(find(n.root) for n in self.nodes)
+        main = max(sizes, key=lambda f: (sizes[f], -f)) if sizes else None
+        for n in self.nodes:
+            n.role = "agent" if find(n.root) == main else "aux"
+
+    def segments(self) -> list[Segment]:
+        """Training sequences: every call belongs to exactly one. A call continues its parent's sequence when it
+        extends the parent exactly and is the first such continuation (of the same kept/discarded kind); otherwise
+        (a root, drift, a second branch) it starts a sequence of its own, whose prompt carries the earlier tokens as
+        context. Tokens are therefore never trained twice, and tokens never sampled together are never spliced."""
+        out: list[Segment] = []
+        seg_of: dict[int, int] = {}
+        for n in self.nodes:
+            p = n.parent
+            k = seg_of.get(p) if p is not None else None
+            if (
+                k is not None
+                and n.relation == "extends"
+                and out[k].turns[-1] == p
+                and self.nodes[p].discarded == n.discarded
+            ):
+                out[k].turns.append(n.index)
+            else:
+                k = len(out)
+                out.append(Segment([n.index], n.role, n.discarded))
+            seg_of[n.index] = k
         return out
 
-    def _segment(self, members: list[int], leaf: int) -> dict:
-        last = self.nodes[members[-1]]
-        tokens = last.seq()
-        mask = np.zeros(len(tokens), dtype=np.int8)
-        lps = np.zeros(len(tokens), dtype=np.float32)
-        for i in members:
-            n = self.nodes[i]
-            a, b = len(n.prompt), n.seq_len
-            mask[a:b] = 1
-            lps[a:b] = n.logprobs
-        return {
-            "turns": members,
-            "discarded": self.nodes[leaf].discarded,
-            "token_ids": tokens.tolist(),
-            "loss_mask": mask.tolist(),
-            "logprobs": lps.tolist(),
-        }
+    def sequences(self) -> list[dict]:
+        """The segments with their tokens: ids, loss mask (1 = sampled by the engine) and logprobs (0.0 elsewhere)."""
+        docs = []
+        for s in self.segments():
+            nodes = [self.nodes[i] for i in s.turns]
+            ids, mask, lps = materialize(
+                nodes[-1].prompt.tolist(),
+                [(len(n.prompt), n.completion.tolist(), n.logprobs.tolist()) for n in nodes],
+            )
+            docs.append(
+                {
+                    "turns": s.turns,
+                    "role": s.role,
+                    "discarded": s.discarded,
+                    "token_ids": ids,
+                    "loss_mask": mask,
+                    "logprobs": lps,
+                }
+            )
+        return docs
 
     def stored_bytes(self) -> int:
         return sum(n.prompt.nbytes + n.completion.nbytes + n.logprobs.nbytes for n in self.nodes)

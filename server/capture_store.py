@@ -1,6 +1,6 @@
 """Durable capture: every call is written to SQLite before its reply goes back to the agent.
 
-One database per server data dir. Token ids are stored as int32 and logprobs as float32 blobs; a prompt is stored as
+One database per server data dir. Token ids are stored as int32 and logprobs as float64 blobs; a prompt is stored as
 (base call, shared prefix length, the rest), so a long conversation costs its new tokens, not its whole history on
 every call. Messages likewise: only those past the previous call's are stored. A session can be read back after a
 server restart (`load_session`), with its calls, findings and state.
@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     stop_reason TEXT,
     findings TEXT NOT NULL DEFAULT '[]',
     errors TEXT NOT NULL DEFAULT '[]',
-    budget_replies INTEGER NOT NULL DEFAULT 0
+    budget_replies INTEGER NOT NULL DEFAULT 0,
+    demoted TEXT NOT NULL DEFAULT '[]'  -- calls the agent's own record shows it never used (graph discards)
 );
 CREATE TABLE IF NOT EXISTS calls (
     session_id TEXT NOT NULL,
@@ -39,7 +40,7 @@ CREATE TABLE IF NOT EXISTS calls (
     shared INTEGER NOT NULL,      -- length of that prefix
     prompt_rest BLOB NOT NULL,    -- int32, the prompt after the shared prefix
     completion BLOB NOT NULL,     -- int32
-    logprobs BLOB NOT NULL,       -- float32
+    logprobs BLOB NOT NULL,       -- float64 (float32 in stores written before; told apart by length)
     finish_reason TEXT,
     streamed INTEGER NOT NULL,
     wall_s REAL NOT NULL,
@@ -64,6 +65,9 @@ class CaptureStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash; fsync at checkpoints
         self.db.executescript(SCHEMA)
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(sessions)")}
+        if "demoted" not in columns:  # a store written before demotions were kept
+            self.db.execute("ALTER TABLE sessions ADD COLUMN demoted TEXT NOT NULL DEFAULT '[]'")
         self._last_messages: dict[str, list[bytes]] = {}
 
     def close(self) -> None:
@@ -105,7 +109,7 @@ class CaptureStore:
                 node.shared,
                 node.prompt[node.shared :].astype(np.int32).tobytes(),
                 node.completion.astype(np.int32).tobytes(),
-                node.logprobs.astype(np.float32).tobytes(),
+                node.logprobs.astype(np.float64).tobytes(),
                 finish_reason,
                 int(streamed),
                 wall_s,
@@ -117,7 +121,7 @@ class CaptureStore:
         )
 
     def update_session(self, session_id: str, **fields: Any) -> None:
-        cols = {k: json.dumps(v) if k in ("findings", "errors", "meta") else v for k, v in fields.items()}
+        cols = {k: json.dumps(v) if k in ("findings", "errors", "meta", "demoted") else v for k, v in fields.items()}
         sets = ", ".join(f"{k} = ?" for k in cols)
         self.db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", (*cols.values(), session_id))
 
@@ -137,13 +141,13 @@ class CaptureStore:
 
     def load_session(self, session_id: str) -> dict | None:
         row = self.db.execute(
-            "SELECT created, state, meta, closed, stop_reason, findings, errors, budget_replies FROM sessions "
+            "SELECT created, state, meta, closed, stop_reason, findings, errors, budget_replies, demoted FROM sessions "
             "WHERE id = ?",
             (session_id,),
         ).fetchone()
         if row is None:
             return None
-        created, state, meta, closed, stop_reason, findings, errors, budget_replies = row
+        created, state, meta, closed, stop_reason, findings, errors, budget_replies, demoted = row
         calls = []
         seqs: list[np.ndarray] = []
         messages: list[Any] = []
@@ -164,7 +168,9 @@ class CaptureStore:
                     "at": at,
                     "prompt_token_ids": prompt.tolist(),
                     "completion_token_ids": completion.tolist(),
-                    "logprobs": np.frombuffer(lps, np.float32).astype(float).tolist(),
+                    "logprobs": np.frombuffer(lps, np.float64 if len(lps) == 8 * len(completion) else np.float32)
+                    .astype(float)
+                    .tolist(),
                     "finish_reason": finish,
                     "streamed": bool(streamed),
                     "wall_s": wall,
@@ -182,6 +188,7 @@ class CaptureStore:
             "findings": json.loads(findings),
             "errors": json.loads(errors),
             "budget_replies": budget_replies,
+            "demoted": json.loads(demoted),
             "calls": calls,
         }
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from swe_gym_env.sequences import chain_turns
+from swe_gym_env.server import capture_chat as chat
 from swe_gym_env.server.agents.base import AgentConfig, AgentError, AgentOutcome, Harness, reconcile
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
@@ -36,6 +36,8 @@ from swe_gym_env.wire import (
     RolloutResult,
     RolloutStatus,
     RolloutSummary,
+    SequenceRef,
+    count_roots,
     failed_result,
 )
 
@@ -72,6 +74,8 @@ class ServerConfig:
     capture_db: Path | None = None  # durable capture store (SQLite); None: in memory only
     context_window: int = 8192
     grading_timeout_s: float = 300.0
+    stall_timeout_s: float = 60.0  # an engine stream silent this long ends its call (well under any deadline)
+    max_failed_calls: int = 5  # model calls failing in a row that end the rollout at once
     concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend
     max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
     allow_engine_urls: tuple[str, ...] = ()  # URL prefixes callers may name as engine_url ("*": any); security.py
@@ -92,6 +96,8 @@ class ServerConfig:
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
             context_window=int(os.environ.get("SWE_GYM_CONTEXT_WINDOW", "8192")),  # what agents are told
             grading_timeout_s=float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_S", "300")),
+            stall_timeout_s=float(os.environ.get("SWE_GYM_STALL_TIMEOUT_S", "60")),
+            max_failed_calls=int(os.environ.get("SWE_GYM_MAX_FAILED_CALLS", "5")),
             capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
             concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
             allow_engine_urls=engine_allowlist(),
@@ -134,7 +140,7 @@ class RolloutRecord:
             phase=self.phase,
             state=self.state,
             turns=len(self.session.turns) if self.session else 0,
-            roots=len(self.session.graph.roots()) if self.session else 0,
+            roots=count_roots(self.session.turns) if self.session else 0,
             seconds_since_last_call=round(time.time() - last, 3) if last else None,
             seconds_in_phase=round(time.time() - self.phase_since, 3),
             capture_session_id=self.session.id if self.session else None,
@@ -354,6 +360,13 @@ class RolloutService:
             mounts = harness.mounts()
         except AgentError as e:
             raise RolloutFailure("install", str(e)) from e
+        context = cert.max_model_len or self.config.context_window
+        if req.mode == "capture" and context < harness.min_context_tokens:
+            raise RolloutFailure(
+                "validate",
+                f"the engine's context is {context} tokens, below the {harness.min_context_tokens} that "
+                f"{req.harness} needs (its own prompt + room to act): serve a longer context or use another harness",
+            )
 
         rec.set_phase("session")
         session, key = self.capture.open_session(
@@ -364,8 +377,11 @@ class RolloutService:
             session_id=rec.rollout_id,
             labels={"rollout": rec.rollout_id},
             passthrough=req.mode == "black_box",
+            stall_timeout_s=self.config.stall_timeout_s,
+            max_consecutive_failures=self.config.max_failed_calls,
         )
         rec.session = session
+        state["session"] = session
         state["session_id"] = session.id
         state["turns"], state["findings"] = session.turns, session.findings  # kept on every failure path
         session.on_turn = lambda turn: rec.emit(
@@ -391,7 +407,7 @@ class RolloutService:
                 cfg = AgentConfig(
                     base_url=sbx.capture_base_url or "",
                     model=engine.served_model,
-                    context_window=state["cert"].max_model_len or self.config.context_window,
+                    context_window=context,
                     max_tokens=req.max_tokens,
                 )
                 prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)
@@ -435,6 +451,8 @@ class RolloutService:
                 stopped_after_budget=stopped,
                 stderr_tail=res.stderr[-500:] or state["log_tail"][-500:],
             )
+            if session.stop_reason == "engine_failures" or session.consecutive_failures:
+                raise RolloutFailure("agent", self._engine_failure(session), "engine_failures")
             if (failure := classify_failure(outcome, facts)) is not None:
                 kind, message = failure
                 raise RolloutFailure("agent", f"{kind}: {message}", "timeout" if kind == "timeout" else None)
@@ -451,6 +469,12 @@ class RolloutService:
         fatal = [f for f in session.findings if f.severity == "fatal"]
         if fatal:  # the capture is not usable training data, whatever the reward: do not even grade it
             raise RolloutFailure("agent", f"capture validation: {fatal[0]}")
+        if req.mode == "capture" and not self._saw_task(session, task.problem_statement):
+            raise RolloutFailure(
+                "agent",
+                "no agent call carried the task's problem statement: the agent never saw the task (compacted or "
+                "replaced its prompt before its first call?)",
+            )
 
         rec.set_phase("grade")
         t = time.monotonic()
@@ -518,6 +542,12 @@ class RolloutService:
                     if n > steps:
                         steps = n
                         rec.emit(f"agent: {n} step(s) in its own events")
+                if session.stop_reason == "engine_failures" and not run.done():  # the engine is gone: stop now
+                    rec.emit(f"agent: {session.consecutive_failures} model calls in a row failed; stopping it")
+                    run.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await run
+                    return ExecResult(137, "", "stopped after repeated engine failures"), True
                 if session.stop_reason == "budget_exhausted" and not run.done():
                     budget_at = budget_at or now
                     if now - budget_at > BUDGET_GRACE_S:
@@ -532,6 +562,23 @@ class RolloutService:
                 run.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await run
+
+    @staticmethod
+    def _engine_failure(session: CaptureSession) -> str:
+        last = session.failures[-1][1] if session.failures else "unknown error"
+        if session.stop_reason == "engine_failures":
+            what = f"{session.consecutive_failures} model calls in a row failed (the limit), so the rollout stopped"
+        else:
+            what = f"the agent did not recover from {session.consecutive_failures} failed model call(s) at the end"
+        return f"engine_failures: {what}; {session.failed} failed in all; last: {last}"
+
+    @staticmethod
+    def _saw_task(session: CaptureSession, problem: str) -> bool:
+        """Whether some agent-role call's request carried the problem statement (whitespace normalised)."""
+        needle = " ".join(problem.split())
+        if not needle:
+            return True
+        return any(needle in " ".join(chat.request_text(t.request).split()) for t in session.turns if t.role == "agent")
 
     @staticmethod
     def _answered(req: RolloutRequest, session: CaptureSession) -> int:
@@ -560,6 +607,7 @@ class RolloutService:
         r = reconcile(outcome, session.turns, session.budget_replies)
         state["cross_check"] = (r.verdict, r.detail)
         state["missing_steps"] = r.missing
+        session.demoted.update(r.unused)  # the graph discards them (and what hangs below them) when it closes
         for turn in session.turns:
             if turn.index in r.unused:
                 turn.discarded = True
@@ -593,7 +641,10 @@ class RolloutService:
         return {
             "capture_session_id": state.get("session_id"),
             "agent_log_tail": state.get("log_tail", ""),
-            "sequences": [[t.index for t in chain] for chain in chain_turns(state["turns"])],
+            "sequences": [
+                SequenceRef(turns=s.turns, role=s.role, discarded=s.discarded)
+                for s in (state["session"].sequences if state.get("session") else [])
+            ],
             "cross_check": verdict,
             "cross_check_detail": detail,
         }

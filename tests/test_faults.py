@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pyte
 HOSTILE = Path(__file__).resolve().parent / "hostile_engine.py"
 GRADING_TIMEOUT_S = 8
 HANG_DEADLINE_S = 40.0  # rollouts that must run into a deadline: the agent gets 80% of it
+STALL_TIMEOUT_S = 2  # the server's stall timeout here: a silent engine stream ends its call after this long
 
 
 class HostileEngine:
@@ -153,14 +154,14 @@ class Bed:
     def snapshot(self) -> Snapshot:
         return Snapshot.take(self.stack.server.pid, self.health_url)
 
-    async def rollout(self, mode: str, after: int = 0, delay_s: float = 0.0, **fields):
+    async def rollout(self, mode: str, after: int = 0, delay_s: float = 0.0, harness: str = "pi", **fields):
         """One rollout over MCP under a fault; asserts nothing leaked afterwards."""
         self.engine.set(mode, after, delay_s)
         before = self.snapshot()
         deadline = fields.setdefault("deadline_s", 240.0)
         async with asyncio.timeout(deadline + 120):
             async with SweGymClient(self.stack.mcp_url) as c:
-                result = await c.run_rollout(harness="pi", **fields)
+                result = await c.run_rollout(harness=harness, **fields)
         problems = await asyncio.to_thread(wait_no_leaks, before, self.health_url)
         assert not problems, f"leaked after {mode}: {problems}; result: {result.error}"
         return result
@@ -175,6 +176,7 @@ def bed(tmp_path_factory):
         "SWE_GYM_DATA_DIR": str(data),
         "SWE_GYM_DATASETS": f"faults={fault_split(data / 'faults.jsonl', fifo.parents[2])}",
         "SWE_GYM_GRADING_TIMEOUT_S": str(GRADING_TIMEOUT_S),
+        "SWE_GYM_STALL_TIMEOUT_S": str(STALL_TIMEOUT_S),
         "SWE_GYM_UI": "0",
     }
     stack = Stack("oracle", engine_up=False, server_engine_url=engine.url("/v1"), env=env)
@@ -201,40 +203,71 @@ async def test_control_an_honest_engine_gives_an_ok_rewarded_rollout(bed):
     assert bed.engine.state()["probes"] >= 0
 
 
+def engine_failed(result, *needles: str) -> None:
+    """Failed calls the agent did not recover from: ok=false in phase agent, with a warning finding per failure."""
+    failed(result, "agent", "engine_failures", *needles)
+    assert result.stop_reason == "engine_failures"
+    assert any(f.code == "engine_failure" and f.severity == "warning" for f in result.findings)
+
+
 async def test_engine_http_500(bed):
     result = await bed.rollout("http500")
-    failed(result, "agent", "agent_crashed", "engine answered HTTP 500", "injected fault")
+    engine_failed(result, "engine answered HTTP 500", "injected fault")
     assert result.turns == [] and bed.engine.state()["faulted"] >= 1
+
+
+async def test_engine_500_after_the_first_call_is_not_a_budget_exhausted_row(bed):
+    # before: the failed calls used up Pi's call budget and the rollout ended ok, reward 0.0, budget_exhausted
+    result = await bed.rollout("http500", after=1, max_model_calls=6)
+    engine_failed(result, "engine answered HTTP 500", "5 model calls in a row failed")
+    assert len(result.turns) == 1 and result.sequences and not result.sequences[0].discarded
 
 
 async def test_engine_hangs_before_answering(bed):
     result = await bed.rollout("hang_before", deadline_s=HANG_DEADLINE_S)
-    failed(result, "agent", "timeout")
-    assert result.stop_reason == "timeout" and result.turns == []
+    engine_failed(result, f"nothing for {STALL_TIMEOUT_S}s")
+    assert result.turns == []
 
 
-async def test_engine_hangs_mid_stream(bed):
-    result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S)
-    failed(result, "agent", "timeout")
+async def test_engine_stalls_mid_stream_and_fails_well_before_the_deadline(bed):
+    # before: the rollout waited out its whole deadline
+    result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S * 3)
+    engine_failed(result, "engine stream stalled", f"nothing for {STALL_TIMEOUT_S}s")
     assert len(result.turns) == 1, "the call answered before the hang stays captured"
+    assert result.wall_s < HANG_DEADLINE_S, f"took {result.wall_s}s"
 
 
 async def test_engine_streams_invalid_json(bed):
     result = await bed.rollout("invalid_json")
-    failed(result, "agent", "agent_crashed", "engine streamed a chunk that is not JSON")
+    engine_failed(result, "engine streamed a chunk that is not JSON")
     assert result.turns == []
 
 
 async def test_engine_answers_html_instead_of_a_stream(bed):
     # Pi alone accepts an HTML body as an empty success (NOTES §3): the proxy must not.
     result = await bed.rollout("html")
-    failed(result, "agent", "agent_crashed", "text/html")
+    engine_failed(result, "text/html")
 
 
 async def test_engine_returns_no_token_ids_in_a_tokens_session(bed):
     result = await bed.rollout("no_token_ids")
-    failed(result, "agent", "agent_crashed", "no prompt_token_ids")
+    engine_failed(result, "no prompt_token_ids")
     assert result.capture_level == "tokens" and result.turns == []
+
+
+async def test_engine_that_stops_returning_ids_fails_the_rollout(bed):
+    # before: ok=True, reward 0.0, no finding
+    result = await bed.rollout("no_token_ids", after=2)
+    engine_failed(result, "no prompt_token_ids")
+    assert len(result.turns) == 2
+    assert any(f.code == "engine_stopped_ids" and f.severity == "fatal" for f in result.findings)
+
+
+async def test_engine_context_below_what_the_harness_needs_is_refused_before_boot(bed, need_opencode):
+    # before: OpenCode compacted on its first call, never saw the task, and ended ok, reward 0.0, budget_exhausted
+    result = await bed.rollout("ok", harness="opencode")
+    failed(result, "validate", "context is 8192 tokens, below the 12288 that opencode needs")
+    assert result.turns == [] and bed.engine.state()["agent_calls"] == 0
 
 
 # -- the agent misbehaves -------------------------------------------------------------------------------------

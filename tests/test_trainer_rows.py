@@ -22,23 +22,7 @@ def result(turns, ok=True, reward=1.0, rid="r1", iid="t1"):
     )
 
 
-def test_turns_that_extend_each_other_become_one_masked_sequence():
-    t0 = turn(0, [1, 2, 3], [10, 11])
-    t1 = turn(1, [1, 2, 3, 10, 11, 20, 21], [30])  # tool result 20, 21 then a new completion
-    (row,) = training_rows(result([t0, t1]))
-    assert row.input_ids == [1, 2, 3, 10, 11, 20, 21, 30]
-    assert row.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
-    assert row.logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, -0.1]
-    assert row.turn_indices == [0, 1] and row.reward == 1.0
-
-
-def test_drifted_history_and_fresh_roots_start_new_sequences():
-    t0 = turn(0, [1, 2, 3], [10, 11])
-    t1 = turn(1, [1, 2, 3, 10, 99, 20], [30])  # re-tokenised history: 11 became 99
-    t2 = turn(2, [7, 8], [40])  # an auxiliary call with its own conversation
-    rows = training_rows(result([t0, t1, t2]))
-    assert [r.turn_indices for r in rows] == [[0], [1], [2]]
-    assert rows[1].input_ids == [1, 2, 3, 10, 99, 20, 30] and rows[1].loss_mask == [0, 0, 0, 0, 0, 0, 1]
+# Rows from the rollout graph's sequences, case by case: tests/test_graph.py.
 
 
 def test_unscorable_rollouts_yield_no_rows_and_no_advantage():

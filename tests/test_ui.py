@@ -140,6 +140,7 @@ def _turn(i: int, parent: int | None = None, relation: str = "root", discarded: 
         response_message=kw.get("response", {"role": "assistant", "content": "ok"}),
         parent=parent,
         relation=relation,
+        retry_of=kw.get("retry_of"),
         discarded=discarded,
     )
 
@@ -163,21 +164,18 @@ def test_heatmap_and_token_table_carry_ids_and_logprobs():
     assert render.token_rows([_turn(0)]) == [[1, 0, 5, "", -0.25], [1, 1, 6, "", -2.0]]
 
 
-def test_graph_draws_roots_forks_drift_and_discarded_branches():
+def test_graph_draws_roots_forks_drift_retries_and_discarded_branches():
     turns = [
         _turn(0),
         _turn(1, 0, "extends"),
         _turn(2, 0, "drift"),  # a fork from call 1: a second row
-        _turn(3, 1, "sibling", discarded=True),
+        _turn(3, 1, "extends", discarded=True),
+        _turn(4, 1, "extends", retry_of=3),  # retries call 4: drawn as a retry
     ]
-    svg = render.graph_svg(turns, [])
-    assert svg.count('class="sg-node') == 4 and svg.count("sg-discarded") == 1
+    svg = render.graph_svg(turns)
+    assert svg.count('class="sg-node') == 5 and svg.count("sg-discarded") == 1
     assert svg.count(">root<") == 1 and svg.count(">fork of 1<") == 1  # call 4 continues call 2's row
-    assert 'class="sg-edge sg-drift"' in svg and 'class="sg-edge sg-sibling"' in svg
-    assert render.count_roots(turns, []) == 1
-    plain = [_turn(0), _turn(1), _turn(2)]  # no graph fields: from the sequences; call 3 is in none
-    svg = render.graph_svg(plain, [[0, 1]])
-    assert svg.count("sg-discarded") == 1 and svg.count('class="sg-edge sg-extends"') == 1
+    assert 'class="sg-edge sg-drift"' in svg and 'class="sg-edge sg-retry"' in svg
 
 
 def test_live_state_tells_booting_from_silent_agent():

@@ -144,39 +144,26 @@ def token_rows(turns: Sequence[Turn], token_text: TokenText | None = None, limit
 
 
 # -- rollout graph ---------------------------------------------------------------------------------------------
-def _graph_edges(turns: Sequence[Turn], sequences: Sequence[Sequence[int]]) -> dict[int, tuple[int | None, str, bool]]:
-    """Per call: (parent, relation, discarded), from the turns' own graph fields when the capture filled them in,
-    else from the training sequences (each sequence a chain from a root; calls in none are discarded)."""
-    if any(getattr(t, "parent", None) is not None or getattr(t, "discarded", False) for t in turns):
-        return {
-            t.index: (t.parent, str(getattr(t, "relation", "extends")), bool(getattr(t, "discarded", False)))
-            for t in turns
-        }
-    out: dict[int, tuple[int | None, str, bool]] = {t.index: (None, "root", True) for t in turns}
-    for seq in sequences:
-        for k, i in enumerate(seq):
-            out[i] = (seq[k - 1], "extends", False) if k else (None, "root", False)
-    return out
-
-
-def count_roots(turns: Sequence[Turn], sequences: Sequence[Sequence[int]]) -> int:
-    return sum(1 for parent, _, _ in _graph_edges(turns, sequences).values() if parent is None)
+def _graph_edges(turns: Sequence[Turn]) -> dict[int, tuple[int | None, str, bool]]:
+    """Per call: (parent, edge kind, discarded), from the rollout graph's fields on each turn (a retry of an earlier
+    call is drawn as such; otherwise the relation to its parent)."""
+    return {t.index: (t.parent, "retry" if t.retry_of is not None else t.relation, t.discarded) for t in turns}
 
 
 EDGE_STYLE = {
     "extends": 'stroke="#555"',
     "drift": 'stroke="#ff9800" stroke-dasharray="6,3"',
-    "sibling": 'stroke="#9c27b0" stroke-dasharray="2,3"',
+    "retry": 'stroke="#9c27b0" stroke-dasharray="2,3"',
 }
 
 
-def graph_svg(turns: Sequence[Turn], sequences: Sequence[Sequence[int]]) -> str:
+def graph_svg(turns: Sequence[Turn]) -> str:
     """The rollout graph: a row per root or fork, a node per model call at its call number, edges to the call it
     continues (solid: prompt extends the parent's ids exactly; dashed: re-tokenised drift; dotted: a retry);
     hollow grey nodes are discarded branches."""
     if not turns:
         return '<div class="sg-empty">no model calls yet</div>'
-    edges = _graph_edges(turns, sequences)
+    edges = _graph_edges(turns)
     index = {t.index: t for t in turns}
     row_of: dict[int, int] = {}
     row_tail: list[int] = []
@@ -266,7 +253,7 @@ def result_html(r: RolloutResult) -> str:
         f'<div class="sg-result sg-{status}"><span class="sg-reward" data-reward="{reward}">reward {reward}</span>'
         f" · {status} · phase {esc(r.phase, 20)} · stop {esc(r.stop_reason, 60)}</div>",
         f"<div>task <code>{esc(r.instance_id, 200)}</code> · harness {esc(r.harness, 40)} · sandbox "
-        f"{esc(r.sandbox, 40)} · {len(r.turns)} calls · roots {count_roots(r.turns, r.sequences)}</div>",
+        f"{esc(r.sandbox, 40)} · {len(r.turns)} calls · roots {r.roots}</div>",
         f'<div class="sg-crosscheck">cross-check: <b>{esc(r.cross_check, 20)}</b> {esc(r.cross_check_detail, 500)}'
         f" · capture {esc(r.capture_level, 20)} · logprobs {esc(r.logprobs_mode, 20)}</div>",
     ]

@@ -1,0 +1,5 @@
+"""Read ``.env`` files."""
+
+from dotenvlite.parser import ParseError, load, parse
+
+__all__ = ["ParseError", "load", "parse"]
