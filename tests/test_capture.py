@@ -12,9 +12,11 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 
-from swe_gym_env.server.capture import CaptureProxy, EngineTarget
-from swe_gym_env.server.capture_store import CaptureStore
-from swe_gym_env.server.capture_upstream import HttpxUpstream
+from swe_gym_env.server.capture import DIALECTS, CaptureProxy, EngineTarget, request_text
+from swe_gym_env.server.capture.dialect import AgentRequest, DialectError, DialectRoute
+from swe_gym_env.server.capture.openai_chat import ChatDialect
+from swe_gym_env.server.capture.store import CaptureStore
+from swe_gym_env.server.capture.upstream import HttpxUpstream
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import MODEL, PI_TOOLS, Served, engine_app, sse_events
@@ -22,9 +24,9 @@ from helpers import MODEL, PI_TOOLS, Served, engine_app, sse_events
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
 
-def make_proxy(app, store: CaptureStore | None = None) -> CaptureProxy:
+def make_proxy(app, store: CaptureStore | None = None, dialects=None) -> CaptureProxy:
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-    return CaptureProxy(store, upstream=HttpxUpstream(client=client))
+    return CaptureProxy(store, upstream=HttpxUpstream(client=client), dialects=dialects)
 
 
 def agent(proxy: CaptureProxy, key: str | None, admin: bool = False, headers: dict | None = None) -> httpx.AsyncClient:
@@ -99,7 +101,7 @@ async def test_stream_through_equals_non_stream_and_prompt_ids_equal_tokenize():
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=engine_app()), base_url="http://e") as e:
         tok = await e.post("/tokenize", json={"messages": whole.request["messages"], "tools": whole.request["tools"]})
     assert tok.json()["tokens"] == whole.prompt_token_ids
-    assert whole.relation == "sibling" and whole.parent is None  # the same prompt again: a resample of a root
+    assert whole.relation == "root" and whole.retry_of == 0 and whole.parent is None  # a resample of a root
 
 
 def gated_engine(gate: threading.Event) -> Starlette:
@@ -393,3 +395,48 @@ async def test_closing_a_session_cancels_its_hung_upstream_calls():
     release.set()
     assert r.status_code == 502 and "closed during this call" in r.json()["error"]["message"]
     assert not session.pumps and session.turns == []
+
+
+class ToyDialect(ChatDialect):
+    """A toy API on chat completions: ``{"prompt": ...}`` in, ``{"text": ..., "finish": ...}`` out."""
+
+    name = "toy"
+    routes = (DialectRoute("/v1/toy/complete", ("POST",)),)
+
+    def parse_request(self, body) -> AgentRequest:
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+            raise DialectError(400, "a toy request needs a prompt")
+        chat = {"messages": [{"role": "user", "content": body["prompt"]}]}
+        return AgentRequest(chat, stream=False, include_usage=False, model=None)
+
+    def reply(self, request, message, finish, usage) -> dict:
+        return {"text": message["content"], "finish": finish}
+
+    def error_body(self, status, message) -> dict:
+        return {"toy_error": message, "status": status}
+
+
+async def test_agent_routes_come_from_the_dialect_registry():
+    default = make_proxy(engine_app("noop"))
+    assert [r.path for r in default.app().routes] == [r.path for d in DIALECTS.values() for r in d.routes]
+    proxy = make_proxy(engine_app("noop"), dialects={**DIALECTS, "toy": ToyDialect()})
+    assert {r.path for r in proxy.app().routes} == {"/v1/chat/completions", "/v1/toy/complete"}
+    with pytest.raises(ValueError, match="both serve POST /v1/chat/completions"):
+        CaptureProxy(dialects={**DIALECTS, "twin": ChatDialect()})
+    session, key = open_session(proxy)
+    async with agent(proxy, key) as c:
+        toy = await c.post("/v1/toy/complete", json={"prompt": "say done"})
+        bad = await c.post("/v1/toy/complete", json={"messages": []})
+        chat = await c.post("/v1/chat/completions", json=agent_request(stream=False))
+    async with agent(proxy, "sgk-wrong") as c:
+        denied = await c.post("/v1/toy/complete", json={"prompt": "x"})
+    async with agent(default, key) as c:
+        assert (await c.post("/v1/toy/complete", json={"prompt": "x"})).status_code == 404
+    assert toy.status_code == 200 and toy.json() == {"text": "done", "finish": "stop"}
+    assert chat.json()["choices"][0]["message"]["content"] == "done"
+    assert bad.status_code == 400 and bad.json() == {"toy_error": "a toy request needs a prompt", "status": 400}
+    assert denied.status_code == 401 and denied.json()["toy_error"] == "unknown or closed capture key"
+    toy_turn, chat_turn = session.turns  # both dialects land in one session, captured alike
+    assert toy_turn.request["model"] == MODEL and toy_turn.request["return_token_ids"] is True
+    assert request_text(toy_turn.request) == "say done" and toy_turn.response_message["content"] == "done"
+    assert len(toy_turn.completion_token_ids) == len(toy_turn.logprobs) > 0 and chat_turn.request["tools"]

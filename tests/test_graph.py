@@ -17,7 +17,7 @@ from swe_gym_env.client.trainer import main_row, training_rows
 from swe_gym_env.client.trl_adapter import trl_output
 from swe_gym_env.sequences import SequenceError, check_prefixes
 from swe_gym_env.server.capture import CaptureProxy
-from swe_gym_env.server.capture_graph import BLOCK, RolloutGraph
+from swe_gym_env.server.capture.graph import BLOCK, RolloutGraph
 from swe_gym_env.wire import RolloutResult, SequenceRef, Turn
 
 SYS = list(range(1000, 1032))  # a 32-token system prompt
@@ -109,8 +109,10 @@ def test_linear_conversation_is_one_sequence():
     b.call([*b.seq(0), 50, 51, 52], [4, 5])  # tool result 50-52, then the next completion
     b.call([*b.seq(1), 60], [6])
     r = b.result()
-    assert relations(b) == [(None, "root", None, False, "agent"), (0, "extends", None, False, "agent")] + [
-        (1, "extends", None, False, "agent")
+    assert relations(b) == [
+        (None, "root", None, False, "agent"),
+        (0, "extends", None, False, "agent"),
+        (1, "extends", None, False, "agent"),
     ]
     check_rows(b, r, [([0, 1, 2], "agent")])
 

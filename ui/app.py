@@ -17,7 +17,7 @@ from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
 from swe_gym_env.ui import render
-from swe_gym_env.ui.guard import start_refusal
+from swe_gym_env.ui.guard import ui_start_refusal
 from swe_gym_env.ui.live import Snapshot, follow, live_table_html, snapshot, token_text_for
 from swe_gym_env.wire import RolloutRequest
 
@@ -95,7 +95,6 @@ class Panel:
     def draw(snap: Snapshot) -> tuple:
         text = token_text_for(snap.turns)
         r = snap.result
-        sequences = r.sequences if r is not None else []
         return (
             _status_html(snap),
             render.timeline_html(snap.events),
@@ -103,16 +102,10 @@ class Panel:
             render.conversation_html(snap.turns),
             render.heatmap_html(snap.turns, text),
             render.token_rows(snap.turns, text),
-            render.graph_svg(snap.turns, sequences or _live_sequences(snap)),
+            render.graph_svg(snap.turns),
             render.grading_html(r.grading) if r is not None else '<div class="sg-empty">not graded yet</div>',
             render.timings_html(r.timings, r.wall_s) if r is not None else "",
         )
-
-
-def _live_sequences(snap: Snapshot) -> list[list[int]]:
-    from swe_gym_env.sequences import chain_turns
-
-    return [[t.index for t in chain] for chain in chain_turns(snap.turns)]
 
 
 async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[float, str]]):
@@ -123,7 +116,7 @@ async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[fl
         return
     yield Panel.draw(snap)
     if snap.rec is not None and snap.result is None:
-        async for _ in follow(snap.rec, events):
+        async for _ in follow(service, snap.rec, events):
             if (snap := snapshot(service, rollout_id, events)) is not None:
                 yield Panel.draw(snap)
         if (snap := snapshot(service, rollout_id, events)) is not None:
@@ -179,7 +172,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 async def start_run(
                     split, instance_id, harness, sandbox, engine, max_calls, token, request: gr.Request
                 ):
-                    why = start_refusal(dict(request.headers) if request is not None else {}, token)
+                    why = ui_start_refusal(request, token)
                     if why is not None:
                         yield Panel.message(why)
                         return

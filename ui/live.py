@@ -37,7 +37,7 @@ def activity(rec: RolloutRecord, in_phase_s: float, now: float) -> str:
 
 
 def live_records(service: RolloutService) -> list[RolloutRecord]:
-    return [r for r in list(service.rollouts.values()) if r.state != "finished"]
+    return service.live()
 
 
 def live_table_html(service: RolloutService) -> str:
@@ -76,7 +76,7 @@ class Snapshot:
 
 
 def snapshot(service: RolloutService, rollout_id: str, events: list[tuple[float, str]]) -> Snapshot | None:
-    rec = service.rollouts.get(rollout_id)
+    rec = service.record(rollout_id)
     if rec is not None and rec.result is None:
         turns = list(rec.session.turns) if rec.session else []
         return Snapshot(rollout_id, rec, None, turns, events)
@@ -86,13 +86,13 @@ def snapshot(service: RolloutService, rollout_id: str, events: list[tuple[float,
     return Snapshot(rollout_id, rec, status.result, list(status.result.turns), events)
 
 
-async def follow(rec: RolloutRecord, events: list[tuple[float, str]], tick_s: float = 1.0) -> AsyncIterator[None]:
+async def follow(
+    service: RolloutService, rec: RolloutRecord, events: list[tuple[float, str]], tick_s: float = 1.0
+) -> AsyncIterator[None]:
     """Yield whenever progress lands on a running rollout (phases, model calls), and at least every ``tick_s``."""
     if rec.task is None or rec.task.done():
         return
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    rec.listeners.append(queue)
-    try:
+    with service.subscribe(rec) as queue:
         while not rec.task.done():
             with contextlib.suppress(TimeoutError):
                 events.append((time.time(), await asyncio.wait_for(queue.get(), tick_s)))
@@ -101,9 +101,6 @@ async def follow(rec: RolloutRecord, events: list[tuple[float, str]], tick_s: fl
             yield
         while not queue.empty():
             events.append((time.time(), queue.get_nowait()))
-    finally:
-        with contextlib.suppress(ValueError):
-            rec.listeners.remove(queue)
 
 
 @lru_cache(maxsize=1)

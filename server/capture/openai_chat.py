@@ -1,14 +1,12 @@
-"""The OpenAI chat-completions dialect of the capture proxy: request rewriting, reply validation, SSE.
+"""The OpenAI chat-completions dialect: the agent speaks the engine's own API, with token capture forced on.
 
-Another dialect (OpenAI Responses, Anthropic Messages) is another module with the same four jobs: rewrite the
-agent's request for the engine with token capture forced on, read a captured call out of a reply (or a stream of
-chunks), and answer the agent in its own format (JSON or SSE).
+Request rewriting (served model, capture fields, max-tokens cap, sampling, compatibility rewrites), reply and chunk
+validation (ids and logprobs aligned), and the agent's answers: JSON, SSE (streamed through or replayed) and errors.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,30 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
+
+from swe_gym_env.server.capture.dialect import (
+    AgentRequest,
+    CapturedCall,
+    Dialect,
+    DialectError,
+    DialectRoute,
+    DialectStream,
+    sse,
+)
 
 CAPTURE_ONLY_KEYS = ("prompt_token_ids", "token_ids", "prompt_logprobs", "kv_transfer_params")
-
-
-class DialectError(Exception):
-    """A call that cannot be answered as a success. ``code`` names failures with a meaning beyond this call
-    (``no_token_ids``: the engine stopped returning token ids)."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-
-
-@dataclass
-class CapturedCall:
-    prompt_token_ids: list[int]
-    completion_token_ids: list[int]
-    logprobs: list[float]
-    message: dict  # the assistant message: role, content, tool_calls
-    finish_reason: str | None
-    usage: dict | None
 
 
 def _strip_schema(node: Any) -> int:
@@ -212,10 +198,6 @@ def agent_chunk(chunk: dict, model: Any) -> dict:
     return out
 
 
-def sse(data: dict | str) -> bytes:
-    return b"data: " + (data.encode() if isinstance(data, str) else orjson.dumps(data)) + b"\n\n"
-
-
 def reply_json(model: Any, msg: dict, finish: str | None, usage: dict | None) -> dict:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -258,27 +240,84 @@ def error_body(status: int, message: str) -> dict:
     return {"error": {"message": message, "type": "capture_proxy_error", "code": status}}
 
 
-def decoded_tool_calls(message: dict) -> list[dict]:
-    """Tool calls with their JSON-string arguments decoded (left as the raw string where they do not parse)."""
-    out = []
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        args = fn.get("arguments")
-        try:
-            parsed = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
-            parsed = args
-        out.append({"id": call.get("id"), "name": fn.get("name"), "arguments": parsed})
-    return out
+class ChatStream(DialectStream):
+    """A streamed chat completion: vLLM's chunks, forwarded with capture-only fields removed."""
+
+    def __init__(self, model: Any, include_usage: bool) -> None:
+        self.model = model
+        self.include_usage = include_usage
+        self.acc = StreamAccumulator()
+
+    def check_first(self, chunk: dict | None) -> None:
+        if chunk is None or chunk.get("prompt_token_ids") is None:
+            raise DialectError(502, "engine streamed no prompt_token_ids", "no_token_ids")
+
+    def add(self, chunk: dict) -> None:
+        self.acc.add(chunk)
+
+    def holds(self, chunk: dict) -> bool:
+        choices = chunk.get("choices") or []
+        return any(isinstance(c, dict) and c.get("finish_reason") for c in choices) or not choices
+
+    def agent_chunk(self, chunk: dict) -> bytes:
+        return sse(agent_chunk(chunk, self.model))
+
+    def end(self, held: list[dict]) -> Iterator[bytes]:
+        for chunk in held:
+            if not chunk.get("choices") and not self.include_usage:
+                continue  # the usage event the proxy asked for on its own account
+            yield sse(agent_chunk(chunk, self.model))
+        yield sse("[DONE]")
+
+    def call(self) -> CapturedCall:
+        return self.acc.call()
 
 
-def request_text(request: dict) -> str:
-    """All the text of a chat request's messages (string contents and text parts), for content checks."""
-    out: list[str] = []
-    for m in request.get("messages") or []:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            out.append(content)
-        elif isinstance(content, list):
-            out += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return "\n".join(out)
+class ChatDialect(Dialect):
+    name = "openai-chat"
+    routes = (DialectRoute("/v1/chat/completions", ("POST",)),)
+    upstream_path = "/chat/completions"
+
+    def parse_request(self, body: Any) -> AgentRequest:
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise DialectError(400, "a chat completion request needs a messages list")
+        return AgentRequest(
+            body=body,
+            stream=bool(body.get("stream")),
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            model=body.get("model"),
+        )
+
+    def upstream_body(
+        self,
+        request: AgentRequest,
+        *,
+        served_model: str,
+        max_tokens: int,
+        sampling: dict,
+        stream: bool,
+        capture: bool = True,
+    ) -> tuple[dict, list[str]]:
+        return upstream_body(
+            request.body,
+            served_model=served_model,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stream=stream,
+            capture=capture,
+        )
+
+    def call_from_reply(self, data: Any) -> CapturedCall:
+        return call_from_reply(data)
+
+    def open_stream(self, request: AgentRequest) -> ChatStream:
+        return ChatStream(request.model, request.include_usage)
+
+    def reply(self, request: AgentRequest, message: dict, finish: str | None, usage: dict | None) -> dict:
+        return reply_json(request.model, message, finish, usage)
+
+    def replay(self, request: AgentRequest, message: dict, finish: str | None, usage: dict | None) -> Iterator[bytes]:
+        return sse_replay(request.model, message, finish, usage)
+
+    def error_body(self, status: int, message: str) -> dict:
+        return error_body(status, message)

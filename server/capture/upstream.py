@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
 import orjson
@@ -37,7 +37,9 @@ class StreamReply(Protocol):
 class Upstream(Protocol):
     async def post(self, url: str, body: dict, headers: dict[str, str], timeout: float) -> tuple[int, bytes]: ...
 
-    def stream(self, url: str, body: dict, headers: dict[str, str], timeout: float): ...  # async ctx -> StreamReply
+    def stream(
+        self, url: str, body: dict, headers: dict[str, str], timeout: float
+    ) -> AbstractAsyncContextManager[StreamReply]: ...
 
     async def aclose(self) -> None: ...
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from swe_gym_env.server.capture_graph import Node
+from swe_gym_env.server.capture.graph import Node
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

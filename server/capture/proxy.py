@@ -1,0 +1,360 @@
+"""The capture proxy, mounted at /capture. It knows nothing of sandboxes, agents or tasks, nor of API dialects.
+
+Each rollout gets a session: a public id (URLs, UI, results) and a separate secret key the agent uses as its API key
+(``Authorization: Bearer`` or ``x-api-key``). Every call is forwarded to the session's engine with token capture
+forced on, validated (ids and logprobs aligned; anything off is an error to the agent, never a silent success),
+linked into the rollout graph, written to the durable store, and only then answered. When the agent streams, the
+engine's stream is forwarded chunk by chunk as it arrives (time to first token is the engine's) and the end of the
+reply is held until the call is stored.
+
+Agent-facing: one route per route of each registered dialect (`registry.DIALECTS`; today
+``POST /capture/v1/chat/completions``), the only routes a sandbox can reach. Admin: see `admin`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from swe_gym_env.server.capture import export as exporting
+from swe_gym_env.server.capture.admin import AdminApi
+from swe_gym_env.server.capture.dialect import AgentRequest, CapturedCall, Dialect, DialectError
+from swe_gym_env.server.capture.registry import DIALECTS
+from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
+from swe_gym_env.server.capture.store import CaptureStore
+from swe_gym_env.server.capture.streaming import agent_error, check_reply, fail, passthrough, post, stream_through
+from swe_gym_env.server.capture.upstream import Upstream, UpstreamError, make_upstream
+from swe_gym_env.server.security import bearer
+from swe_gym_env.wire import Finding, Turn
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_FAILURE_FINDINGS = 20  # per session; the rest are counted in one finding
+SESSION_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+BUDGET_MESSAGE = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status, media_type="application/json")
+
+
+class CaptureProxy:
+    apply_graph = staticmethod(exporting.apply_graph)
+
+    def __init__(
+        self,
+        store: CaptureStore | None = None,
+        upstream: Upstream | None = None,
+        dialects: Mapping[str, Dialect] | None = None,
+    ) -> None:
+        self._by_key: dict[str, CaptureSession] = {}
+        self.sessions: dict[str, CaptureSession] = {}  # open and recently closed, by public id
+        self.store = store
+        self._upstream = upstream
+        self.dialects = dict(DIALECTS if dialects is None else dialects)
+        claimed: dict[tuple[str, str], str] = {}
+        for name, dialect in self.dialects.items():
+            for route in dialect.routes:
+                for method in route.methods:
+                    if (other := claimed.setdefault((route.path, method), name)) != name:
+                        raise ValueError(f"dialects {other!r} and {name!r} both serve {method} {route.path}")
+
+    # -- sessions ---------------------------------------------------------------------------------------------
+    def open_session(
+        self,
+        engine: EngineTarget,
+        *,
+        max_calls: int,
+        max_tokens: int,
+        call_timeout_s: float = 300.0,
+        sampling: dict[str, float | int] | None = None,
+        passthrough: bool = False,
+        session_id: str | None = None,
+        labels: dict[str, str] | None = None,
+        stall_timeout_s: float = 60.0,
+        max_consecutive_failures: int = 5,
+    ) -> tuple[CaptureSession, str]:
+        """A new session and its secret key (returned once; only its hash is kept)."""
+        sid = session_id or uuid.uuid4().hex[:16]
+        if not (1 <= len(sid) <= 64 and set(sid) <= SESSION_ID_CHARS):
+            raise ValueError(f"invalid session id {sid!r}")
+        if sid in self.sessions and not self.sessions[sid].closed:
+            raise ValueError(f"session {sid!r} is already open")
+        key = "sgk-" + secrets.token_urlsafe(32)
+        session = CaptureSession(
+            id=sid,
+            engine=engine,
+            max_calls=max_calls,
+            max_tokens=max_tokens,
+            call_timeout_s=call_timeout_s,
+            sampling=dict(sampling or {}),
+            passthrough=passthrough,
+            labels=dict(labels or {}),
+            stall_timeout_s=stall_timeout_s,
+            max_consecutive_failures=max_consecutive_failures,
+        )
+        self._by_key[_hash(key)] = session
+        self.sessions[sid] = session
+        self._trim()
+        if self.store is not None:
+            self.store.open_session(sid, session.meta())
+        return session, key
+
+    def close_session(self, session: CaptureSession) -> None:
+        """Idempotent. Marks discarded branches and roles, adds the closing findings, persists the state."""
+        if session.closed:
+            return
+        session.closed = True
+        for pump in list(session.pumps):  # a hung engine call must not outlive its session (nor hold a socket)
+            pump.cancel()
+        for h, s in list(self._by_key.items()):
+            if s is session:
+                del self._by_key[h]
+        self._finalize(session)
+        if self.store is not None:
+            self.store.close_session(
+                session.id,
+                stop_reason=session.stop_reason,
+                findings=[f.model_dump() for f in session.findings],
+                errors=session.errors,
+                budget_replies=session.budget_replies,
+                demoted=sorted(session.demoted),
+            )
+        session.publish({"type": "closed", "session": session.id, "turns": len(session.turns)})
+
+    @staticmethod
+    def _finalize(session: CaptureSession) -> None:
+        for what, n in session.rewrites.items():
+            session.findings.append(Finding(severity="info", code="rewrite", message=f"{what} ({n} calls)"))
+        for call, message in session.failures[:MAX_FAILURE_FINDINGS]:
+            session.findings.append(
+                Finding(severity="warning", code="engine_failure", message=f"model call {call} failed: {message}")
+            )
+        if len(session.failures) > MAX_FAILURE_FINDINGS:
+            more = len(session.failures) - MAX_FAILURE_FINDINGS
+            session.findings.append(
+                Finding(severity="warning", code="engine_failure", message=f"{more} more failed model calls")
+            )
+        if session.passthrough:
+            return
+        if not session.turns:
+            session.findings.append(
+                Finding(severity="fatal", code="no_model_calls", message="no model call was captured")
+            )
+            return
+        session.sequences = exporting.apply_graph(session.graph, session.turns, session.demoted)
+        roots = session.graph.roots()
+        if len(roots) > 1:
+            aux = sum(1 for r in roots if session.graph.nodes[r].role == "aux")
+            session.findings.append(
+                Finding(
+                    severity="info",
+                    code="roots",
+                    message=f"{len(roots)} conversations (roots); {aux} outside the agent's own",
+                )
+            )
+
+    def open_sessions(self) -> int:
+        return len(self._by_key)
+
+    def _trim(self, keep_closed: int = 512) -> None:
+        closed = [sid for sid, s in self.sessions.items() if s.closed]
+        for sid in closed[: max(0, len(closed) - keep_closed)]:
+            del self.sessions[sid]
+
+    async def aclose(self) -> None:
+        if self._upstream is not None:
+            await self._upstream.aclose()
+            self._upstream = None
+
+    @property
+    def upstream(self) -> Upstream:
+        if self._upstream is None:
+            self._upstream = make_upstream()
+        return self._upstream
+
+    def _session_for(self, request: Request) -> CaptureSession | None:
+        key = bearer(request.headers.get("authorization")) or request.headers.get("x-api-key", "")
+        if not key:
+            return None
+        s = self._by_key.get(_hash(key))
+        return None if s is None or s.closed else s
+
+    # -- the agent-facing routes ------------------------------------------------------------------------------
+    async def handle(self, dialect: Dialect, request: Request) -> Response:
+        """One model call, in ``dialect``: authenticate, read, budget, forward with capture, record, answer."""
+        session = self._session_for(request)
+        if session is None:
+            return agent_error(dialect, 401, "unknown or closed capture key")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return agent_error(dialect, 413, f"request body over {MAX_BODY_BYTES} bytes")
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            return agent_error(dialect, 413, f"request body over {MAX_BODY_BYTES} bytes")
+        try:
+            body = orjson.loads(raw)
+        except ValueError:
+            return agent_error(dialect, 400, "request body is not valid JSON")
+        try:
+            req = dialect.parse_request(body)
+        except DialectError as e:
+            return agent_error(dialect, e.status, e.message)
+        if session.stop_reason == "engine_failures":  # the session gave up on its engine: fail at once
+            return agent_error(
+                dialect, 503, f"capture session stopped after {session.consecutive_failures} failed calls in a row"
+            )
+        if session.calls - session.failed >= session.max_calls:  # failed calls never use up the budget
+            session.stop_reason = "budget_exhausted"
+            session.budget_replies += 1
+            return self._answer(dialect, req, dict(BUDGET_MESSAGE, tool_calls=[]), "stop", None)
+        session.calls += 1
+        session.last_call_at = time.time()
+        if session.passthrough:
+            return await passthrough(self.upstream, session, dialect, req)
+        through = req.stream and session.stream_through
+        up, rewrites = dialect.upstream_body(
+            req,
+            served_model=session.engine.served_model,
+            max_tokens=session.max_tokens,
+            sampling=session.sampling,
+            stream=through,
+        )
+        session.rewrites.update(rewrites)
+        t0 = time.monotonic()
+        if through:
+
+            def record(call: CapturedCall) -> None:
+                self._record(session, dialect, up, call, streamed=True, wall=time.monotonic() - t0)
+
+            return await stream_through(self.upstream, session, dialect, req, up, record)
+        try:
+            status, data = await post(self.upstream, session, dialect.upstream_path, up)
+            call = dialect.call_from_reply(check_reply(status, data))
+            self._record(session, dialect, up, call, streamed=req.stream, wall=time.monotonic() - t0)
+        except UpstreamError as e:
+            return fail(session, dialect, 504 if e.timeout else 502, str(e))
+        except DialectError as e:
+            return fail(session, dialect, e.status, e.message, e.code)
+        return self._answer(dialect, req, call.message, call.finish_reason, call.usage)
+
+    @staticmethod
+    def _answer(dialect: Dialect, req: AgentRequest, message: dict, finish: str | None, usage: dict | None) -> Response:
+        """A complete reply: replayed as a stream when the agent streams, else one JSON body."""
+        if req.stream:
+            replay = dialect.replay(req, message, finish, usage if req.include_usage else None)
+            return StreamingResponse(replay, media_type="text/event-stream")
+        return _json(dialect.reply(req, message, finish, usage))
+
+    def _record(
+        self, session: CaptureSession, dialect: Dialect, up: dict, call: CapturedCall, streamed: bool, wall: float
+    ) -> None:
+        """Validate, link, persist, publish — before the agent sees the end of the reply."""
+        usage = call.usage or {}
+        reported = usage.get("completion_tokens")
+        if isinstance(reported, int) and reported != len(call.completion_token_ids):
+            raise DialectError(
+                502,
+                f"engine reports {reported} completion tokens but returned {len(call.completion_token_ids)} ids",
+            )
+        if session.closed:
+            raise DialectError(409, "the capture session closed during this call")
+        g = session.graph
+        node, keys, findings = g.link(call.prompt_token_ids, call.completion_token_ids, call.logprobs)
+        index = len(session.turns)
+        if self.store is not None:
+            try:
+                self.store.add_call(
+                    session.id,
+                    node,
+                    finish_reason=call.finish_reason,
+                    streamed=streamed,
+                    wall_s=round(wall, 4),
+                    request=up,
+                    response=call.message,
+                )
+            except Exception as e:  # never answer a call we could not keep
+                raise DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
+        g.commit(node, keys)
+        turn = Turn(
+            index=index,
+            prompt_token_ids=call.prompt_token_ids,
+            completion_token_ids=call.completion_token_ids,
+            logprobs=call.logprobs,
+            finish_reason=call.finish_reason,
+            streamed=streamed,
+            wall_s=round(wall, 4),
+            request=up,
+            response_message=call.message,
+            parent=node.parent,
+            relation=node.relation,
+            retry_of=node.retry_of,
+        )
+        session.turns.append(turn)
+        session.consecutive_failures = 0
+        session.findings.extend(findings)
+        session.last_call_at = time.time()
+        session.publish(
+            {
+                "type": "turn",
+                "session": session.id,
+                "index": index,
+                "parent": node.parent,
+                "relation": node.relation,
+                "retry_of": node.retry_of,
+                "prompt_tokens": len(call.prompt_token_ids),
+                "completion_tokens": len(call.completion_token_ids),
+                "finish_reason": call.finish_reason,
+                "tool_calls": [c["name"] for c in dialect.tool_calls(call.message)],
+                "at": session.last_call_at,
+            }
+        )
+        if session.on_turn is not None:
+            session.on_turn(turn)
+
+    # -- reading sessions -------------------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> CaptureSession | None:
+        return self.sessions.get(session_id)
+
+    def session_detail(self, session_id: str) -> dict | None:
+        s = self.sessions.get(session_id)
+        if s is not None:
+            return exporting.live_detail(s)
+        doc = self.export(session_id)
+        return None if doc is None else exporting.stored_detail(doc)
+
+    def export(self, session_id: str) -> dict | None:
+        """The session as a document: every turn with its own ids and logprobs, provenance, sequences + masks.
+        A closed session's document is the same before and after a server restart."""
+        s = self.sessions.get(session_id)
+        return exporting.export_stored(self.store, session_id) if s is None else exporting.export_live(s)
+
+    # -- the app ----------------------------------------------------------------------------------------------
+    def _endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            return await self.handle(dialect, request)
+
+        return endpoint
+
+    def app(self, admin: bool = False) -> Starlette:
+        """The agent-facing routes, one per dialect route; with ``admin`` also the session API (never served to
+        sandboxes)."""
+        routes = [
+            Route(r.path, self._endpoint(d), methods=list(r.methods)) for d in self.dialects.values() for r in d.routes
+        ]
+        if admin:
+            routes += AdminApi(self).routes()
+        return Starlette(routes=routes)

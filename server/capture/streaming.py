@@ -1,0 +1,232 @@
+"""Calls to the engine and what reaches the agent while they run, whatever the dialect.
+
+A non-streamed call is one upstream POST in a task its session can cancel. A streamed call is pumped by its own task
+(`pump`) onto a queue, under two clocks: the whole call's timeout and a stall timeout that restarts with every line.
+`stream_through` forwards each chunk to the agent as it arrives and holds the end of the reply until the call is
+stored; `passthrough` relays the engine's answer unchanged (black-box sessions, nothing captured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from swe_gym_env.server.capture.dialect import AgentRequest, CapturedCall, Dialect, DialectError, sse
+from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
+from swe_gym_env.server.capture.upstream import Upstream, UpstreamError
+
+
+def engine_headers(engine: EngineTarget) -> dict[str, str]:
+    headers = {"content-type": "application/json", **dict(engine.headers)}
+    if engine.api_key:
+        headers["authorization"] = f"Bearer {engine.api_key}"
+    return headers
+
+
+def check_reply(status: int, data: bytes) -> Any:
+    """The engine's JSON reply; `DialectError` for an HTTP error or a body that is not JSON."""
+    if status != 200:
+        text = data[:500].decode("utf-8", "replace")
+        raise DialectError(status if status < 500 else 502, f"engine answered HTTP {status}: {text}")
+    try:
+        return orjson.loads(data)
+    except ValueError as e:
+        raise DialectError(502, "engine reply is not JSON") from e
+
+
+def agent_error(dialect: Dialect, status: int, message: str) -> JSONResponse:
+    return JSONResponse(dialect.error_body(status, message), status)
+
+
+def fail(session: CaptureSession, dialect: Dialect, status: int, message: str, code: str | None = None) -> Response:
+    session.fail(message, code)
+    return agent_error(dialect, status, message)
+
+
+def _track(session: CaptureSession, task: asyncio.Task) -> None:
+    session.pumps.add(task)
+    task.add_done_callback(session.pumps.discard)
+
+
+async def post(upstream: Upstream, session: CaptureSession, path: str, body: dict) -> tuple[int, bytes]:
+    """A non-streamed upstream call, in a task the session can cancel when it closes (a hung engine must not
+    outlive the rollout, nor hold a socket)."""
+    call = asyncio.create_task(
+        upstream.post(f"{session.engine.base_url}{path}", body, engine_headers(session.engine), session.call_timeout_s)
+    )
+    _track(session, call)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # we are being cancelled ourselves: let it through
+            raise
+        raise UpstreamError("the capture session closed during this call") from None
+
+
+async def pump(
+    upstream: Upstream, session: CaptureSession, path: str, body: dict, queue: asyncio.Queue, raw: bool
+) -> None:
+    """Owns the upstream stream (its own task, so its timeout and cleanup never touch the caller's task).
+    Two clocks: the whole call's timeout, and a stall timeout that restarts with every line the engine sends."""
+    loop = asyncio.get_running_loop()
+    stall = session.stall_timeout_s
+    idle = asyncio.timeout(stall)
+    try:
+        async with asyncio.timeout(session.call_timeout_s), idle:
+            async with upstream.stream(
+                f"{session.engine.base_url}{path}",
+                body,
+                engine_headers(session.engine),
+                session.call_timeout_s,
+            ) as reply:
+                if reply.status != 200:
+                    check_reply(reply.status, await reply.body())
+                if not reply.content_type.startswith("text/event-stream"):
+                    kind = reply.content_type or "no content type"
+                    raise DialectError(502, f"engine answered a streamed request with {kind}, not a stream")
+                async for line in reply.lines():
+                    idle.reschedule(loop.time() + stall)
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        await queue.put(("done", None))
+                        return
+                    if raw:
+                        await queue.put(("raw", data))
+                        continue
+                    try:
+                        event = orjson.loads(data)
+                    except ValueError:
+                        raise DialectError(502, "engine streamed a chunk that is not JSON") from None
+                    if not isinstance(event, dict):
+                        raise DialectError(502, "engine streamed a chunk that is not an object")
+                    if "error" in event:
+                        raise DialectError(502, f"engine error mid-stream: {str(event['error'])[:300]}")
+                    await queue.put(("event", event))
+                raise DialectError(502, "engine stream ended without [DONE]")
+    except DialectError as e:
+        await queue.put(("error", e))
+    except UpstreamError as e:
+        await queue.put(("error", DialectError(504 if e.timeout else 502, str(e))))
+    except TimeoutError:
+        if idle.expired():
+            msg = f"engine stream stalled: nothing for {stall:g}s (stall timeout)"
+        else:
+            msg = f"engine timed out after {session.call_timeout_s:.0f}s"
+        await queue.put(("error", DialectError(504, msg)))
+    except asyncio.CancelledError:
+        queue.put_nowait(("error", DialectError(409, "the capture session closed during this call")))
+        raise
+
+
+def start_pump(
+    upstream: Upstream, session: CaptureSession, path: str, body: dict, raw: bool
+) -> tuple[asyncio.Task, asyncio.Queue]:
+    queue: asyncio.Queue = asyncio.Queue()
+    task = asyncio.create_task(pump(upstream, session, path, body, queue, raw))
+    _track(session, task)
+    return task, queue
+
+
+async def stream_through(
+    upstream: Upstream,
+    session: CaptureSession,
+    dialect: Dialect,
+    request: AgentRequest,
+    up: dict,
+    record: Callable[[CapturedCall], None],
+) -> Response:
+    """Forward the engine's stream chunk by chunk; the end of the reply waits until ``record`` has stored the call."""
+    task, queue = start_pump(upstream, session, dialect.upstream_path, up, raw=False)
+    kind, first = await queue.get()
+    stream = dialect.open_stream(request)
+    try:
+        if kind == "error":
+            raise first
+        stream.check_first(first if kind == "event" else None)
+    except DialectError as err:
+        task.cancel()
+        return fail(session, dialect, err.status, err.message, err.code)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            stream.add(first)
+            if out := stream.agent_chunk(first):
+                yield out
+            held: list[dict] = []
+            while True:
+                kind, item = await queue.get()
+                if kind == "done":
+                    break
+                if kind == "error":
+                    raise item
+                stream.add(item)
+                if held or stream.holds(item):
+                    held.append(item)  # the end of the reply waits until the call is stored
+                    continue
+                if out := stream.agent_chunk(item):
+                    yield out
+            record(stream.call())
+            for out in stream.end(held):
+                yield out
+        except DialectError as e:
+            session.fail(e.message, e.code)
+            yield dialect.sse_error(e.status, e.message)
+        finally:
+            task.cancel()
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def passthrough(upstream: Upstream, session: CaptureSession, dialect: Dialect, request: AgentRequest) -> Response:
+    """Black-box: the request with only the served model and compatibility rewrites; the answer as the engine gave
+    it. Nothing is captured."""
+    up, rewrites = dialect.upstream_body(
+        request,
+        served_model=session.engine.served_model,
+        max_tokens=session.max_tokens,
+        sampling={},
+        stream=request.stream,
+        capture=False,
+    )
+    session.rewrites.update(rewrites)
+    if not request.stream:
+        try:
+            status, data = await post(upstream, session, dialect.upstream_path, up)
+        except UpstreamError as e:
+            return fail(session, dialect, 504 if e.timeout else 502, str(e))
+        if status == 200:
+            session.consecutive_failures = 0
+        else:
+            session.fail(f"engine answered HTTP {status}")
+        session.publish({"type": "call", "session": session.id, "call": session.calls, "status": status})
+        return Response(data, status, media_type="application/json")
+    task, queue = start_pump(upstream, session, dialect.upstream_path, up, raw=True)
+    kind, first = await queue.get()
+    if kind == "error":
+        return fail(session, dialect, first.status, first.message)
+
+    async def relay() -> AsyncIterator[bytes]:
+        item, k = first, kind
+        try:
+            while k != "done":
+                if k == "error":
+                    session.fail(item.message)
+                    yield dialect.sse_error(item.status, item.message)
+                    return
+                yield b"data: " + item + b"\n\n"
+                k, item = await queue.get()
+            yield sse("[DONE]")
+            session.consecutive_failures = 0
+            session.publish({"type": "call", "session": session.id, "call": session.calls, "status": 200})
+        finally:
+            task.cancel()
+
+    return StreamingResponse(relay(), media_type="text/event-stream")

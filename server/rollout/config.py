@@ -1,0 +1,48 @@
+"""Server configuration of the rollout service (engines, stores, limits), from the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swe_gym_env.server.capture import EngineTarget
+from swe_gym_env.server.security import engine_allowlist
+
+
+@dataclass
+class ServerConfig:
+    engines: dict[str, EngineTarget]
+    capture_socket: Path | None = None
+    results_dir: Path | None = None
+    capture_db: Path | None = None  # durable capture store (SQLite); None: in memory only
+    context_window: int = 8192  # what agents are told when the engine does not say
+    grading_timeout_s: float = 300.0
+    stall_timeout_s: float = 60.0  # an engine stream silent this long ends its call (well under any deadline)
+    max_failed_calls: int = 5  # model calls failing in a row that end the rollout at once
+    concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend
+    max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
+    allow_engine_urls: tuple[str, ...] = ()  # URL prefixes callers may name as engine_url ("*": any); security.py
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
+        from swe_gym_env.server.assets import cache_dir
+
+        engine = EngineTarget(
+            base_url=os.environ.get("SWE_GYM_ENGINE_URL", "http://127.0.0.1:8001/v1").rstrip("/"),
+            served_model=os.environ.get("SWE_GYM_ENGINE_MODEL", "smollm2-135m-instruct"),
+            api_key=os.environ.get("SWE_GYM_ENGINE_API_KEY") or None,
+        )
+        data = os.environ.get("SWE_GYM_DATA_DIR")
+        return cls(
+            engines={"default": engine},
+            results_dir=Path(data) / "results" if data else cache_dir() / "results",
+            context_window=int(os.environ.get("SWE_GYM_CONTEXT_WINDOW", "8192")),
+            grading_timeout_s=float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_S", "300")),
+            stall_timeout_s=float(os.environ.get("SWE_GYM_STALL_TIMEOUT_S", "60")),
+            max_failed_calls=int(os.environ.get("SWE_GYM_MAX_FAILED_CALLS", "5")),
+            capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
+            concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
+            allow_engine_urls=engine_allowlist(),
+        )

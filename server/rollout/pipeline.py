@@ -1,0 +1,223 @@
+"""The phases of one rollout, in order: task, engine, install, session, boot, agent, diff, grade.
+
+The one place that composes task, capture session, sandbox, agent and grading. A phase that fails raises
+`RolloutFailure`; the service turns it into a result. Sandboxes and the capture session are closed on every path.
+"""
+
+from __future__ import annotations
+
+import time
+
+from swe_gym_env.server.agents.base import AgentConfig, AgentError
+from swe_gym_env.server.agents.registry import get_harness
+from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
+from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+from swe_gym_env.server.grading import GradingError, grade
+from swe_gym_env.server.rollout import agent_run
+from swe_gym_env.server.rollout.config import ServerConfig
+from swe_gym_env.server.rollout.engines import Engines
+from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
+from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup
+from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_gym_env.server.sandbox.registry import create_sandbox
+from swe_gym_env.tasks.catalog import TaskNotFound, get_task
+from swe_gym_env.wire import Finding, RolloutRequest, RolloutResult
+
+PROMPT = """You are working in a git repository at {workdir}. Resolve the issue below by editing the source code.
+Do not modify the tests. When you are done, reply with a short summary.
+
+<issue>
+{problem}
+</issue>
+"""
+
+
+class Pipeline:
+    def __init__(self, config: ServerConfig, capture: CaptureProxy, engines: Engines) -> None:
+        self.config = config
+        self.capture = capture
+        self.engines = engines
+
+    async def run(self, rec: RolloutRecord, req: RolloutRequest, state: RunState) -> RolloutResult:
+        timings = state.timings
+        rec.set_phase("task")
+        try:
+            task = get_task(req.split, req.index, req.instance_id)
+        except TaskNotFound as e:
+            raise RolloutFailure("task", str(e)) from e
+        state.instance_id = rec.instance_id = task.instance_id
+        engine, engine_name = self.engines.choose(req)
+        if req.sandbox == "local" and not task.repo_source:
+            raise RolloutFailure("task", f"task {task.instance_id} has no local repository source")
+        cert = state.cert = await self.engines.certificate(engine_name, engine)
+        if engine.served_model == "" and cert.served_model:
+            engine = EngineTarget(engine.base_url, cert.served_model, engine.api_key)
+        if not cert.reachable:
+            raise RolloutFailure("validate", f"engine unreachable: {cert.detail}")
+        if req.mode == "black_box" and req.purpose == "train":
+            raise RolloutFailure("validate", "mode=black_box is for eval only (no token data): use purpose=eval")
+        if req.purpose == "train" and (cert.level != "tokens" or cert.logprobs_mode != "processed"):
+            why = f"capture level {cert.level}, {cert.logprobs_mode} logprobs"
+            why += f": {cert.detail}" if cert.detail else ""
+            raise RolloutFailure(
+                "validate",
+                f"purpose=train needs an engine that returns token ids with processed "
+                f"logprobs; {req.engine!r} does not ({why}); use purpose=eval",
+            )
+        if req.mode == "capture" and cert.level != "tokens":  # nothing trainable to capture: evaluate black-box
+            req = req.model_copy(update={"mode": "black_box"})
+            state.mode_findings = [
+                Finding(
+                    severity="info",
+                    code="black_box",
+                    message=f"the engine returns no token ids (capture level {cert.level}): ran black-box, eval only",
+                )
+            ]
+
+        rec.set_phase("install")
+        try:
+            harness = get_harness(req.harness)
+            mounts = harness.mounts()
+        except AgentError as e:
+            raise RolloutFailure("install", str(e)) from e
+        context = cert.max_model_len or self.config.context_window
+        if req.mode == "capture" and context < harness.min_context_tokens:
+            raise RolloutFailure(
+                "validate",
+                f"the engine's context is {context} tokens, below the {harness.min_context_tokens} that "
+                f"{req.harness} needs (its own prompt + room to act): serve a longer context or use another harness",
+            )
+
+        rec.set_phase("session")
+        session, key = self.capture.open_session(
+            engine,
+            max_calls=req.max_model_calls,
+            max_tokens=req.max_tokens,
+            sampling={k: v for k in ("temperature", "top_p", "top_k", "seed") if (v := getattr(req, k)) is not None},
+            session_id=rec.rollout_id,
+            labels={"rollout": rec.rollout_id},
+            passthrough=req.mode == "black_box",
+            stall_timeout_s=self.config.stall_timeout_s,
+            max_consecutive_failures=self.config.max_failed_calls,
+        )
+        rec.session = state.session = session
+        session.on_turn = lambda turn: rec.emit(
+            f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
+            f"{len(turn.completion_token_ids)} completion tokens"
+        )
+        sbx: Sandbox | None = None
+        try:
+            rec.set_phase("boot")
+            t = time.monotonic()
+            spec = SandboxSpec(
+                repo_source=task.repo_source or "",
+                base_commit=task.base_commit,
+                workdir=task.workdir,
+                image=task.image,
+                capture_socket=self.config.capture_socket,
+                ro_mounts=mounts,
+                labels={"rollout": rec.rollout_id, "role": "agent"},
+                deadline_s=req.deadline_s + 60,  # expires by itself even if this server dies
+            )
+            try:
+                sbx = await create_sandbox(req.sandbox, spec)
+                cfg = AgentConfig(
+                    base_url=sbx.capture_base_url or "",
+                    model=engine.served_model,
+                    context_window=context,
+                    max_tokens=req.max_tokens,
+                )
+                prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)
+                for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
+                    await sbx.write_file(path, data, mode)
+                if task.setup_commands:  # the task's own setup, before the agent starts
+                    state.diff_base = await run_task_setup(sbx, task)
+            except SandboxError as e:
+                raise RolloutFailure("boot", str(e)) from e
+            timings["boot"] = time.monotonic() - t
+
+            rec.set_phase("agent")
+            t = time.monotonic()
+            agent_timeout = max(5.0, state.deadline - t - min(120.0, 0.2 * req.deadline_s))  # leave time to grade
+            res, stopped = await agent_run.run_agent(rec, sbx, harness, cfg, session, agent_timeout, timings)
+            timings["agent"] = time.monotonic() - t
+            state.exit_code = res.exit_code
+            state.log_tail = await read_text(sbx, harness.log_path, tail=4000)
+            outcome = harness.parse_events(await read_text(sbx, harness.events_path))
+            agent_run.cross_check(req, outcome, session, state)
+            if (why := agent_run.engine_failure(session)) is not None:
+                raise RolloutFailure("agent", why, "engine_failures")
+            facts = RunFacts(
+                exit_code=res.exit_code,
+                timed_out=res.timed_out,
+                timeout_s=agent_timeout,
+                calls=agent_run.answered(req, session),
+                proxy_errors=tuple(session.errors),
+                budget_exhausted=session.stop_reason == "budget_exhausted",
+                stopped_after_budget=stopped,
+                stderr_tail=res.stderr[-500:] or state.log_tail[-500:],
+            )
+            if (failure := classify_failure(outcome, facts)) is not None:
+                kind, message = failure
+                raise RolloutFailure("agent", f"{kind}: {message}", "timeout" if kind == "timeout" else None)
+            if state.missing_steps:  # the agent used model calls the capture never saw: not its trace
+                raise RolloutFailure("agent", f"cross-check mismatch: {state.cross_check[1]}")
+
+            rec.set_phase("diff")
+            state.patch = patch = await extract_diff(sbx, state.diff_base or task.base_commit)
+        finally:
+            if sbx is not None:
+                await sbx.close()
+            self.capture.close_session(session)
+
+        fatal = [f for f in session.findings if f.severity == "fatal"]
+        if fatal:  # the capture is not usable training data, whatever the reward: do not even grade it
+            raise RolloutFailure("agent", f"capture validation: {fatal[0]}")
+        if req.mode == "capture" and not agent_run.saw_task(session, task.problem_statement):
+            raise RolloutFailure(
+                "agent",
+                "no agent call carried the task's problem statement: the agent never saw the task (compacted or "
+                "replaced its prompt before its first call?)",
+            )
+
+        rec.set_phase("grade")
+        t = time.monotonic()
+        grading_spec = SandboxSpec(
+            repo_source=task.repo_source or "",
+            base_commit=task.base_commit,
+            workdir=task.workdir,
+            image=task.image,
+            labels={"rollout": rec.rollout_id, "role": "grading"},
+            deadline_s=self.config.grading_timeout_s + 120,
+        )
+        try:
+            g = await grade(
+                task, patch, lambda: create_sandbox(req.sandbox, grading_spec), self.config.grading_timeout_s
+            )
+        except (GradingError, SandboxError) as e:
+            raise RolloutFailure("grade", str(e)) from e
+        timings["grade"] = time.monotonic() - t
+        findings = [*state.findings(), *g.findings]
+        if g.dropped_files:
+            findings.append(
+                Finding(
+                    severity="info",
+                    code="protected_files",
+                    message=f"grading ignored the agent's edits to protected files: {g.dropped_files}",
+                )
+            )
+        rec.set_phase("done")
+        return RolloutResult(
+            rollout_id=rec.rollout_id,
+            ok=True,
+            reward=g.reward,
+            instance_id=task.instance_id,
+            harness=req.harness,
+            sandbox=req.sandbox,
+            stop_reason=session.stop_reason or "agent_done",
+            grading=g.report,
+            **state.trace(),
+            capture_level="text" if req.mode == "black_box" else cert.level,
+            logprobs_mode=None if req.mode == "black_box" else cert.logprobs_mode,
+            findings=findings,
+        )

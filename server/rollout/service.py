@@ -1,0 +1,214 @@
+"""The rollout service: the front door (submit / run / cancel / get / list), a registry of rollouts in flight and
+finished, per-backend concurrency with a bounded queue, and progress subscriptions (MCP progress and the UI use the
+same `subscribe`).
+
+`run` never raises into its caller: every failure is a result with `ok=False`, the phase it happened in and a
+specific error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+
+from swe_gym_env.server.capture import CaptureProxy
+from swe_gym_env.server.results import ResultsStore
+from swe_gym_env.server.rollout.config import ServerConfig
+from swe_gym_env.server.rollout.engines import Engines
+from swe_gym_env.server.rollout.pipeline import Pipeline
+from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
+from swe_gym_env.server.sandbox.registry import reap_orphans
+from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus, RolloutSummary, failed_result
+
+Notify = Callable[[str], Awaitable[None]]
+KEEP_FINISHED = 256  # finished rollouts kept in memory; all of them are in the results store
+
+
+class RolloutService:
+    def __init__(self, config: ServerConfig, capture: CaptureProxy) -> None:
+        self.config = config
+        self.capture = capture
+        self.store = ResultsStore(config.results_dir) if config.results_dir else None
+        self.rollouts: dict[str, RolloutRecord] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self.engines = Engines(config)
+        self.pipeline = Pipeline(config, capture, self.engines)
+
+    # -- front door -------------------------------------------------------------------------------------------
+    def submit(self, req: RolloutRequest) -> RolloutRecord:
+        """Start a rollout (or find the one with this id) without waiting for it."""
+        rid = req.rollout_id or uuid.uuid4().hex[:16]
+        if (rec := self.rollouts.get(rid)) is not None:
+            return rec
+        rec = RolloutRecord(rollout_id=rid, request=req)
+        if self.store is not None and (done := self.store.get(rid)) is not None:
+            rec.result, rec.state, rec.phase = done, "finished", done.phase
+            return rec
+        self.rollouts[rid] = rec
+        limit = self.config.concurrency.get(req.sandbox, 8)
+        active = sum(1 for r in self.rollouts.values() if r.state != "finished" and r.request.sandbox == req.sandbox)
+        if active > limit + self.config.max_queue:
+            self._finish(
+                rec,
+                failed_result(
+                    req,
+                    f"capacity: {active - 1} rollouts already running or queued on {req.sandbox!r} "
+                    f"(limit {limit} running + {self.config.max_queue} queued); retry later",
+                    rollout_id=rid,
+                ),
+            )
+            return rec
+        if self.store is not None:
+            self.store.mark_running(rid, req)
+        rec.task = asyncio.create_task(self._execute(rec), name=f"rollout-{rid}")
+        return rec
+
+    async def run(self, req: RolloutRequest, notify: Notify | None = None) -> RolloutResult:
+        """Start (or attach to) a rollout and wait for its result; progress goes to ``notify``.
+
+        The rollout runs in its own task: a caller that goes away does not stop it, and its result stays
+        retrievable by id.
+        """
+        rec = self.submit(req)
+        if rec.task is None:
+            assert rec.result is not None
+            return rec.result
+        with self.subscribe(rec) as queue:
+            pump = asyncio.create_task(self._pump(queue, notify)) if notify is not None else None
+            try:
+                return await asyncio.shield(rec.task)
+            finally:
+                if pump is not None:
+                    pump.cancel()
+                    while notify is not None and not queue.empty():
+                        with contextlib.suppress(Exception):
+                            await notify(queue.get_nowait())
+
+    @contextlib.contextmanager
+    def subscribe(self, rec: RolloutRecord) -> Iterator[asyncio.Queue[str]]:
+        """Progress messages of a rollout (phases, model calls, agent steps) while the block runs."""
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        rec.listeners.append(queue)
+        try:
+            yield queue
+        finally:
+            with contextlib.suppress(ValueError):
+                rec.listeners.remove(queue)
+
+    @staticmethod
+    async def _pump(queue: asyncio.Queue[str], notify: Notify) -> None:
+        while True:
+            message = await queue.get()
+            with contextlib.suppress(Exception):  # a client that went away must not fail the rollout
+                await notify(message)
+
+    def recover(self) -> None:
+        """At startup: fail the rollouts a dead server left running and remove their sandboxes."""
+        if self.store is not None:
+            self.store.recover()
+        reap_orphans()
+
+    def cancel(self, rollout_id: str) -> bool:
+        rec = self.rollouts.get(rollout_id)
+        if rec is None or rec.task is None or rec.task.done():
+            return False
+        rec.task.cancel()
+        return True
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def record(self, rollout_id: str) -> RolloutRecord | None:
+        """A rollout this process knows (in flight, or finished recently)."""
+        return self.rollouts.get(rollout_id)
+
+    def live(self) -> list[RolloutRecord]:
+        """Rollouts queued or running."""
+        return [r for r in list(self.rollouts.values()) if r.state != "finished"]
+
+    def get(self, rollout_id: str) -> RolloutStatus | None:
+        rec = self.rollouts.get(rollout_id)
+        result = rec.result if rec is not None else self.store.get(rollout_id) if self.store is not None else None
+        if result is not None:
+            return RolloutStatus(
+                rollout_id=rollout_id, state="finished", summary=RolloutSummary.of_result(result), result=result
+            )
+        if rec is None:
+            return None
+        return RolloutStatus(rollout_id=rollout_id, state=rec.state, summary=rec.summary())
+
+    def list(self, limit: int = 100) -> list[RolloutSummary]:
+        live = [r.summary() for r in self.live()]
+        done = (
+            self.store.summaries(limit)
+            if self.store is not None
+            else [r.summary() for r in self.rollouts.values() if r.state == "finished"]
+        )
+        return (live + done)[:limit]
+
+    def in_flight(self) -> int:
+        return len(self.live())
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def _slot(self, backend: str) -> asyncio.Semaphore:
+        if backend not in self._slots:  # created on first use, inside the running loop
+            self._slots[backend] = asyncio.Semaphore(self.config.concurrency.get(backend, 8))
+        return self._slots[backend]
+
+    def _finish(self, rec: RolloutRecord, result: RolloutResult) -> None:
+        rec.result, rec.state, rec.phase = result, "finished", result.phase
+        if self.store is not None:
+            self.store.put(result)
+        finished = [r for r in self.rollouts.values() if r.state == "finished"]
+        for old in finished[: max(0, len(finished) - KEEP_FINISHED)]:  # the rest is on disk
+            if self.store is not None:
+                self.rollouts.pop(old.rollout_id, None)
+
+    async def _execute(self, rec: RolloutRecord) -> RolloutResult:
+        req = rec.request
+        state = RunState()
+        t0 = time.monotonic()
+        try:
+            async with self._slot(req.sandbox):
+                rec.state = "running"
+                t0 = time.monotonic()
+                state.deadline = time.monotonic() + req.deadline_s
+                async with asyncio.timeout(req.deadline_s):
+                    result = await self.pipeline.run(rec, req, state)
+        except RolloutFailure as e:
+            result = self._failed(rec, req, e.phase, e.message, state, e.stop_reason)
+        except TimeoutError:
+            msg = f"rollout deadline of {req.deadline_s:.0f}s exceeded during {rec.phase}"
+            result = self._failed(rec, req, rec.phase, msg, state, "deadline")
+        except asyncio.CancelledError:
+            result = self._failed(rec, req, rec.phase, f"cancelled during {rec.phase}", state, "cancelled")
+        except Exception as e:  # a failure is a result, never an exception into the caller
+            result = self._failed(rec, req, rec.phase, f"internal error: {type(e).__name__}: {e}", state)
+        result.timings = {k: round(v, 3) for k, v in state.timings.items()}
+        result.wall_s = round(time.monotonic() - t0, 3)
+        self._finish(rec, result)
+        return result
+
+    @staticmethod
+    def _failed(
+        rec: RolloutRecord,
+        req: RolloutRequest,
+        phase: Phase,
+        error: str,
+        state: RunState,
+        stop_reason: str | None = None,
+    ) -> RolloutResult:
+        cert = state.cert
+        return failed_result(
+            req,
+            error,
+            phase,
+            rollout_id=rec.rollout_id,
+            stop_reason=stop_reason,
+            findings=state.findings(),
+            capture_level=cert.level if cert else None,
+            logprobs_mode=cert.logprobs_mode if cert else None,
+            instance_id=state.instance_id or req.instance_id,
+            **state.trace(),
+        )

@@ -1,0 +1,55 @@
+"""Git steps in a rollout's sandbox: the task's setup as the agent's starting point, the agent's diff, its files."""
+
+from __future__ import annotations
+
+import shlex
+
+from swe_gym_env.server.rollout.record import RolloutFailure
+from swe_gym_env.server.sandbox.base import Sandbox, SandboxError
+from swe_gym_env.tasks.models import Task
+
+DIFF_LIMIT = 4 * 1024 * 1024
+SETUP_TIMEOUT_S = 600.0
+DIFF_EXCLUDES = "':(exclude)**/__pycache__/**' ':(exclude)*.pyc' ':(exclude).pytest_cache/**'"
+SETUP_SCRIPT = "/tmp/.swe-gym-setup.sh"
+
+
+async def run_task_setup(sbx: Sandbox, task: Task) -> str:
+    """Run the task's own setup before the agent starts and commit its effects: what it changed is the agent's
+    starting point, not part of its diff (grading re-runs setup). Returns the commit to diff against."""
+    await sbx.write_file(SETUP_SCRIPT, task.setup_script().encode(), 0o700)
+    r = await sbx.exec(f"bash {SETUP_SCRIPT}", timeout=SETUP_TIMEOUT_S)
+    if not r.ok:
+        why = "timed out" if r.timed_out else f"exit {r.exit_code}"
+        raise RolloutFailure("boot", f"task setup commands failed ({why}): {r.stderr[-500:]}")
+    r = await sbx.exec(
+        "git add -A -- . && git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q "
+        "--allow-empty --no-verify -m 'task setup' && git rev-parse HEAD",
+        timeout=120,
+    )
+    if not r.ok:
+        raise RolloutFailure("boot", f"could not record the state after task setup: {r.stderr[-300:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+async def extract_diff(sbx: Sandbox, base: str) -> str:
+    r = await sbx.exec(
+        f"git add -A -- . {DIFF_EXCLUDES} && git diff --cached --binary --no-color "
+        f"--no-ext-diff {shlex.quote(base)} > /tmp/.model.patch",
+        timeout=120,
+    )
+    if not r.ok:
+        raise RolloutFailure("diff", f"could not extract the agent's diff: {r.stderr[-500:]}")
+    data = await sbx.read_file("/tmp/.model.patch", DIFF_LIMIT + 1)
+    if len(data) > DIFF_LIMIT:
+        raise RolloutFailure("diff", f"the agent's diff is over {DIFF_LIMIT} bytes")
+    return data.decode("utf-8", "replace")
+
+
+async def read_text(sbx: Sandbox, path: str, tail: int | None = None) -> str:
+    """A file the agent wrote (it may be missing if the agent died early: then empty)."""
+    try:
+        text = (await sbx.read_file(path)).decode("utf-8", "replace")
+    except (OSError, SandboxError):
+        return ""
+    return text[-tail:] if tail else text
