@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -327,7 +328,7 @@ async def test_session_is_durable_and_reads_back_after_a_restart(tmp_path):
     for stored, turn in zip(data["calls"], session.turns, strict=True):
         assert stored["prompt_token_ids"] == turn.prompt_token_ids
         assert stored["completion_token_ids"] == turn.completion_token_ids
-        assert stored["logprobs"] == pytest.approx(turn.logprobs, abs=1e-6)  # float32 on disk
+        assert stored["logprobs"] == turn.logprobs  # float64 on disk: the engine's values exactly
         assert stored["request"]["messages"] == turn.request["messages"]
     assert session.turns[1].parent == 0 and session.turns[1].relation in ("extends", "drift")
     tokens = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in session.turns)
@@ -335,6 +336,93 @@ async def test_session_is_durable_and_reads_back_after_a_restart(tmp_path):
     doc = CaptureProxy(restarted).export("rollout-abc")
     assert [t["parent"] for t in doc["turns"]] == [None, 0] and doc["provenance"]["seed"] == 3
     assert doc["sequences"] and all(len(s["token_ids"]) == len(s["loss_mask"]) for s in doc["sequences"])
+
+
+async def test_export_after_a_restart_is_the_same_document(tmp_path):
+    """Roles, relations, retries, discards and the cross-check's demotions survive the server."""
+    path = tmp_path / "capture.sqlite"
+    proxy = make_proxy(engine_app(), CaptureStore(path))
+    session, key = open_session(proxy, session_id="rollout-live")
+    async with agent(proxy, key) as c:
+        first = await c.post("/v1/chat/completions", json=agent_request(stream=False))
+        msg = first.json()["choices"][0]["message"]
+        follow = agent_request(stream=False)
+        follow["messages"] += [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "ok"}]
+        for _ in range(3):  # call 2 retries call 1, call 3 retries call 2
+            assert (await c.post("/v1/chat/completions", json=follow)).status_code == 200
+        aux = {"model": "m", "messages": [{"role": "user", "content": "Title this chat in 3 words."}]}  # no tools
+        assert (await c.post("/v1/chat/completions", json=aux)).status_code == 200
+    session.demoted.add(0)  # as the cross-check would: the agent never used call 0
+    proxy.close_session(session)
+    live = proxy.export("rollout-live")
+    assert [(t["retry_of"], t["discarded"], t["role"]) for t in live["turns"]] == [
+        (None, True, "agent"),
+        (None, True, "agent"),
+        (1, True, "agent"),
+        (2, True, "agent"),  # below the demoted call 0
+        (None, False, "aux"),
+    ]
+    restarted = CaptureProxy(CaptureStore(path)).export("rollout-live")
+    assert restarted == live
+
+
+async def test_failed_calls_do_not_use_the_budget_and_a_run_of_them_stops_the_session():
+    proxy = make_proxy(bad_engine("500"))
+    session, key = open_session(proxy, max_calls=2, max_consecutive_failures=3)
+    async with agent(proxy, key) as c:
+        codes = [(await c.post("/v1/chat/completions", json=agent_request(stream=False))).status_code for _ in range(4)]
+    assert codes == [502, 502, 502, 503]  # the 4th is refused at once: the session gave up on its engine
+    assert session.failed == 3 and session.stop_reason == "engine_failures" and session.budget_replies == 0
+    proxy.close_session(session)
+    assert [f.code for f in session.findings].count("engine_failure") == 3
+
+
+async def test_failures_followed_by_a_success_reset_the_run_and_keep_the_budget():
+    calls = {"n": 0}
+    honest = engine_app("noop")
+
+    async def flaky(scope, receive, send):
+        if scope["type"] == "http" and scope["path"].endswith("/chat/completions"):
+            calls["n"] += 1
+            if calls["n"] <= 2:
+                await JSONResponse({"error": "boom"}, 500)(scope, receive, send)
+                return
+        await honest(scope, receive, send)
+
+    proxy = make_proxy(flaky)
+    session, key = open_session(proxy, max_calls=1, max_consecutive_failures=3)
+    async with agent(proxy, key) as c:
+        codes = [(await c.post("/v1/chat/completions", json=agent_request(stream=False))).status_code for _ in range(3)]
+    assert codes == [502, 502, 200]  # two failures did not use the one-call budget
+    assert session.consecutive_failures == 0 and session.failed == 2 and len(session.turns) == 1
+
+
+async def test_an_engine_that_stops_returning_ids_is_fatal():
+    proxy = make_proxy(bad_engine("no-ids"))
+    session, key = open_session(proxy)
+    async with agent(proxy, key) as c:
+        assert (await c.post("/v1/chat/completions", json=agent_request())).status_code == 502
+    assert [f.code for f in session.findings if f.severity == "fatal"] == ["engine_stopped_ids"]
+
+
+async def test_a_stream_that_stalls_ends_its_call_at_the_stall_timeout():
+    async def stalling(request):
+        async def body():
+            base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+            yield "data: " + json.dumps({**base, "prompt_token_ids": [1], "choices": [{"index": 0, "delta": {}}]})
+            yield "\n\n"
+            await asyncio.sleep(30)
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    proxy = make_proxy(Starlette(routes=[Route("/v1/chat/completions", stalling, methods=["POST"])]))
+    session, key = open_session(proxy, stall_timeout_s=0.5)
+    t0 = time.monotonic()
+    async with agent(proxy, key) as c:
+        r = await c.post("/v1/chat/completions", json=agent_request())
+    assert time.monotonic() - t0 < 10
+    assert "stalled: nothing for 0.5s" in r.text and "[DONE]" not in r.text
+    assert session.failed == 1 and not session.turns
 
 
 async def test_admin_api_needs_the_admin_key_and_pushes_calls(monkeypatch):
