@@ -13,7 +13,7 @@ from pydantic import Field
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
-from swe_gym_env.server.security import ACCESS_REFUSED, access_ok, presented_token, start_refusal
+from swe_gym_env.server.security import ACCESS_REFUSED, access_ok, presented_caller, presented_token, start_refusal
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task, split_names, task_page
 from swe_gym_env.wire import (
     Capabilities,
@@ -48,7 +48,8 @@ def build_mcp(service: RolloutService) -> FastMCP:
         come back with ok=false, the phase and the error. Pass `rollout_id` to make the call idempotent: calling
         again with the same id attaches to the running rollout or returns its result.
         """
-        refusal = start_refusal(presented_token())  # before anything else: strangers learn nothing
+        caller = presented_caller()  # before anything else: strangers learn nothing
+        refusal = start_refusal(caller.token, headers=caller.headers, scheme=caller.scheme)
         if refusal is not None:
             return RolloutResult(rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="")
         try:

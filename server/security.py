@@ -14,9 +14,13 @@ loopback-only server) starting work is open.
   same size). Default 60 when an access token is configured, else off; ``0`` turns it off.
 - ``SWE_GYM_MAX_REQUEST_BYTES``: largest HTTP request body the server reads (default 16 MiB): see BodySizeLimit.
 
-The presented token reaches a tool in one of two ways: real MCP over HTTP carries it in the request's
-``Authorization: Bearer`` header (fastmcp exposes the request); OpenEnv's paths (/ws, bare JSON-RPC on /mcp) call
-tools in process, so they put the header's token in ``caller_token`` first.
+One guard decides whether a caller may start work, on every path that can: ``start_refusal`` (a browser request
+from another site is refused, then the access token, then the rate limit per key). The MCP tools apply it (real MCP
+over HTTP, and OpenEnv's /ws, WS /mcp and bare JSON-RPC on /mcp, which call the same tools), and so does the UI.
+
+The caller reaches a tool in one of two ways: real MCP over HTTP carries its ``Authorization: Bearer`` header (and
+the browser's Origin / Sec-Fetch-Site, if any) in the request fastmcp exposes; OpenEnv's paths call tools in
+process, so they record the request's headers with ``set_caller`` first.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,8 +47,6 @@ MAX_BODY_ENV = "SWE_GYM_MAX_REQUEST_BYTES"
 DEFAULT_RATE_WITH_TOKEN = 60
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 ACCESS_REFUSED = "access token required: send `Authorization: Bearer <token>` (the Space secret SWE_GYM_ACCESS_TOKEN)"
-
-caller_token: ContextVar[str | None] = ContextVar("swe_gym_caller_token", default=None)
 
 
 def _configured(name: str) -> str | None:
@@ -81,15 +85,47 @@ def bearer(header: str | None) -> str | None:
     return None
 
 
-def presented_token() -> str | None:
-    """The caller's bearer token: from the live MCP HTTP request, else what an in-process transport set."""
+# -- who is calling --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Caller:
+    """A caller as the guard sees it: its bearer token, and the request's headers (lower-case names) when there was
+    a request, for the cross-site check."""
+
+    token: str | None = None
+    headers: Mapping[str, str] | None = None
+    scheme: str = "http"
+
+
+_caller: ContextVar[Caller | None] = ContextVar("swe_gym_caller", default=None)
+
+
+def set_caller(headers: Mapping[str, str], scheme: str = "http") -> None:
+    """For transports that call tools in process (/ws, WS /mcp, bare JSON-RPC on /mcp): record the request's caller
+    (its headers, bearer token among them) for the tools called in this context."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    _caller.set(Caller(bearer(lowered.get("authorization")), lowered, scheme))
+
+
+def presented_caller() -> Caller:
+    """The caller: the live MCP HTTP request's, else what an in-process transport recorded (else anonymous)."""
     from fastmcp.server.dependencies import get_http_headers
 
-    token = bearer(get_http_headers(include={"authorization"}).get("authorization"))
-    return token if token is not None else caller_token.get()
+    live = get_http_headers(include_all=True)
+    recorded = _caller.get() or Caller()
+    token = bearer(live.get("authorization"))
+    if token is None:
+        token = recorded.token
+    if live:
+        return Caller(token, live)
+    return Caller(token, recorded.headers, recorded.scheme)
 
 
-# -- starting work: access + rate ------------------------------------------------------------------------------
+def presented_token() -> str | None:
+    """The caller's bearer token: from the live MCP HTTP request, else what an in-process transport recorded."""
+    return presented_caller().token
+
+
+# -- starting work: same site, access, rate ----------------------------------------------------------------------
 class RateLimiter:
     """A token bucket per key: ``per_minute`` calls a minute, bursts up to ``per_minute``. Keys are hashed, and at
     most ``max_keys`` buckets are kept (full ones are dropped first). Thread-safe and loop-agnostic."""
@@ -146,8 +182,51 @@ def limiter() -> RateLimiter | None:
         return _limiter
 
 
-def start_refusal(presented: str | None) -> str | None:
-    """Why a caller presenting ``presented`` may not start work now, or None if it may."""
+def _host_of(url: str) -> tuple[str, int] | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443, "ws": 80, "wss": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+    if not parts.hostname or port is None:
+        return None
+    return parts.hostname.lower(), port
+
+
+def _request_host(headers: Mapping[str, str], scheme: str) -> tuple[str, int] | None:
+    host = (headers.get("x-forwarded-host") or headers.get("host") or "").split(",")[0].strip()
+    if not host:
+        return None
+    return _host_of(f"{(headers.get('x-forwarded-proto') or scheme).split(',')[0].strip()}://{host}")
+
+
+def cross_site_reason(headers: Mapping[str, str], scheme: str = "http") -> str | None:
+    """Why this request is not from this server's own page, or None when it is (or is not from a browser).
+
+    A browser always sends `Origin` (and modern ones `Sec-Fetch-Site`) on a POST or a websocket handshake, so a page
+    on another site (or a sibling Space on the same parent domain) cannot start work with a visitor's browser.
+    Clients without those headers are not browsers acting for someone else: they still need the token."""
+    site = (headers.get("sec-fetch-site") or "").lower()
+    if site and site not in ("same-origin", "none"):
+        return f"cross-site request refused (Sec-Fetch-Site: {site})"
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    own, theirs = _request_host(headers, scheme), _host_of(origin)
+    # A TLS-terminating proxy may leave the inner scheme http: the same host on the two default ports is the same.
+    if own and theirs and own[0] == theirs[0] and (own[1] == theirs[1] or {own[1], theirs[1]} <= {80, 443}):
+        return None
+    return "cross-origin request refused (Origin does not match this server)"
+
+
+def start_refusal(
+    presented: str | None, *, headers: Mapping[str, str] | None = None, scheme: str = "http"
+) -> str | None:
+    """Why a caller presenting ``presented`` may not start work now, or None if it may: the one guard of every path
+    that starts work. ``headers`` (names lower-case), when the call came with a request: a browser's request from
+    another site is refused first; then the access token; then the rate limit per key (strangers get no bucket)."""
+    if headers is not None and (why := cross_site_reason(headers, scheme)) is not None:
+        return why
     if not access_ok(presented):
         return ACCESS_REFUSED
     lim = limiter()

@@ -29,14 +29,14 @@ from swe_gym_env.cli import free_port
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.app import create_app
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
-from swe_gym_env.server.openenv_compat import (
+from swe_gym_env.server.openenv import (
     ENV_NAME,
     OpenEnvCompat,
     Sessions,
-    _is_openenv_request,
     install_openenv_routes,
     wrap_mcp_app,
 )
+from swe_gym_env.server.openenv.http_bridge import _is_openenv_request
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 
 pytestmark = pytest.mark.anyio

@@ -7,12 +7,14 @@ sandbox needed: every call here is refused or fails before a sandbox would boot)
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
+from test_ui import gradio_call
 from websockets.asyncio.client import connect
 
 from swe_gym_env.server import security
@@ -94,6 +96,17 @@ def test_start_refusal_rate_limits_per_key(clean_env):
     assert refused is not None and refused.startswith("rate limit: at most 2 calls a minute per key")
     assert security.start_refusal(ADMIN) is None  # per key
     assert security.start_refusal("stranger") == security.ACCESS_REFUSED  # access first: no bucket for strangers
+
+
+def test_start_refusal_refuses_other_sites_first(clean_env):
+    clean_env.setenv(security.ACCESS_ENV, TOKEN)
+    own = {"host": "space.example", "origin": "https://space.example"}
+    evil = {"host": "space.example", "origin": "https://evil.example"}
+    assert security.start_refusal(TOKEN, headers=own) is None
+    assert security.start_refusal(TOKEN, headers=own, scheme="wss") is None  # a websocket handshake from our page
+    assert security.start_refusal(TOKEN, headers=evil).startswith("cross-origin request refused")
+    assert security.start_refusal(None, headers={"sec-fetch-site": "cross-site"}).startswith("cross-site request")
+    assert security.start_refusal(None, headers={"host": "space.example"}) == security.ACCESS_REFUSED  # not a browser
 
 
 @pytest.mark.parametrize(
@@ -262,3 +275,72 @@ async def test_size_limit_capture_refusal_and_public_views(guarded):
     dump = json.dumps(task.json())
     assert task.status_code == 200 and "diff --git" not in dump and '"patch"' not in dump
     assert TOKEN not in health.text + dump and ADMIN not in health.text + dump
+
+
+# -- one guard on every entry point that starts work -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
+    """An open server (no access token: any key may start work) limited to one start a minute per key, UI on."""
+    s = Stack(
+        "oracle",
+        engine_up=False,
+        server_engine_url="http://127.0.0.1:9/v1",
+        env={"SWE_GYM_DATA_DIR": str(tmp_path_factory.mktemp("data")), security.RATE_ENV: "1"},
+        ui=True,
+    )
+    yield s
+    s.stop()
+
+
+RATE_REFUSED = "rate limit: at most 1 calls a minute per key"
+GUARD_REFUSALS = ("rate limit:", "request refused", "access token required")
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_every_entry_point_applies_the_rate_limit(limited):
+    """Real MCP, bare JSON-RPC on /mcp, /ws and the UI each start work through the same guard: a key's second start
+    within the minute is refused on each, and a key spent on one entry point is refused on another."""
+    url = f"http://127.0.0.1:{limited.server_port}"
+    args = {"engine": "nope"}  # fails right after the guard: unknown engine
+
+    async def mcp(key: str) -> str:
+        async with _mcp(limited, key) as c:
+            return (await c.call_tool("run_rollout", args)).structured_content["error"]
+
+    async def bare(key: str, headers: dict | None = None) -> str:
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_rollout", "arguments": args}}
+        async with httpx.AsyncClient(timeout=30) as http:
+            reply = await http.post(
+                f"{url}/mcp", json=call, headers={"Authorization": f"Bearer {key}", **(headers or {})}
+            )
+        return reply.json()["result"]["data"]["error"]
+
+    async def ws(key: str, headers: dict | None = None) -> str:
+        step = {"type": "step", "data": {"type": "call_tool", "tool_name": "run_rollout", "arguments": args}}
+        async with connect(
+            f"ws://127.0.0.1:{limited.server_port}/ws",
+            additional_headers={"Authorization": f"Bearer {key}", **(headers or {})},
+        ) as sock:
+            await sock.send(json.dumps(step))
+            reply = json.loads(await sock.recv())
+        return reply["data"]["observation"]["result"]["data"]["error"]
+
+    async def ui(key: str) -> str:
+        data = ["bundled", None, "pi", "local", "default", 3, key]  # the default engine is down: fails fast
+        messages = await asyncio.to_thread(gradio_call, url, "start_run", data, {"origin": url})
+        return json.dumps([m.get("output") for m in messages if m.get("output")])
+
+    for name, start in (("mcp", mcp), ("bare", bare), ("ws", ws), ("ui", ui)):
+        key = f"key-{name}"
+        first, second = await start(key), await start(key)
+        assert not any(why in first for why in GUARD_REFUSALS), (name, first)  # past the guard
+        assert RATE_REFUSED in second, (name, second)
+    assert (await mcp("key-ui")).startswith(RATE_REFUSED)  # one bucket per key, whichever entry point spent it
+    assert RATE_REFUSED in await ui("key-mcp")
+
+    # the cross-site check, once the UI's alone, applies on the in-process paths too (before the rate limit)
+    evil = {"Origin": "http://evil.example"}
+    assert (await bare("key-fresh", evil)).startswith("cross-origin request refused")
+    assert (await ws("key-fresh", evil)).startswith("cross-origin request refused")
+    assert "unknown engine" in await bare("key-fresh")  # refusals above took nothing from its bucket

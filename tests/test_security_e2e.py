@@ -23,7 +23,7 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from leaks import descendants
 
-from swe_gym_env.cli import _wait_healthy
+from swe_gym_env.procs import wait_healthy
 from swe_gym_env.tasks.catalog import BUNDLED_DIR
 from swe_gym_env.tasks.loaders import load_tasks
 from swe_gym_env.wire import RolloutResult
@@ -57,7 +57,7 @@ class LoggedStack(Stack):
         with self.log.open("ab") as out:
             p = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(p)
-        _wait_healthy(health, p)
+        wait_healthy(health, p)
         return p
 
 
