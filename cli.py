@@ -6,31 +6,26 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from contextlib import ExitStack
+from pathlib import Path
 
-import httpx
+from swe_gym_env import procs
+from swe_gym_env.names import DEFAULT_HARNESS, DEFAULT_SANDBOX, HARNESSES, SANDBOXES
+from swe_gym_env.procs import free_port
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cmd_setup(args: argparse.Namespace) -> int:
-    from swe_gym_env.server.agents.registry import HARNESSES
+    from swe_gym_env.server.agents.registry import get_harness
     from swe_gym_env.server.assets import ensure_task_runtime, ensure_tokenizer
 
     ensure_tokenizer()
     ensure_task_runtime()
     for name in args.harness or sorted(HARNESSES):
-        HARNESSES[name]().ensure_installed()
+        get_harness(name).ensure_installed()
     print("setup done")
     return 0
 
@@ -81,8 +76,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_push(args: argparse.Namespace) -> int:
     from swe_gym_env.space_app.push import push
 
+    try:
+        root = procs.checkout_dir(args.root) if args.root is not None else None  # None: push finds the checkout
+    except ValueError as e:
+        print(f"push refused: {e}", file=sys.stderr)
+        return 2
     return push(
         args.repo_id,
+        root=root,
         dry_run=args.dry_run,
         hardware=args.hardware,
         private=args.private,
@@ -92,40 +93,21 @@ def cmd_push(args: argparse.Namespace) -> int:
     )
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{' '.join(proc.args[2:4])} exited with {proc.returncode} before it was ready")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy after {timeout:.0f}s")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from swe_gym_env.client.mcp_client import SweGymClient
+    from swe_gym_env.server.agents.registry import harness_class
 
     engine_port, server_port = free_port(), free_port()
     me = [sys.executable, "-m", "swe_gym_env.cli"]
     log = sys.stderr
+    # at least the context the agent works in (the server reads it from the engine's /v1/models and checks it);
+    # 8192 is the built-in engine's own default, SmolLM2's
+    context = ["--max-model-len", str(max(8192, harness_class(args.harness).min_context_tokens))]
     with ExitStack() as stack:
-
-        def start(argv: list[str]) -> subprocess.Popen:
-            p = subprocess.Popen(argv, stdout=log, stderr=log)
-            stack.callback(lambda: (p.terminate(), p.wait(10)))
-            return p
-
-        # OpenCode's first prompt is ~7.9k tokens: give it the context a real deployment would (the server reads it
-        # from the engine's /v1/models)
-        context = ["--max-model-len", "32768"] if args.harness == "opencode" else []
-        engine = start([*me, "engine", "--port", str(engine_port), "--policy", args.policy, *context])
-        _wait_healthy(f"http://127.0.0.1:{engine_port}/health", engine)
-        server = start([*me, "serve", "--port", str(server_port), "--engine-url", f"http://127.0.0.1:{engine_port}/v1"])
-        _wait_healthy(f"http://127.0.0.1:{server_port}/health", server)
+        engine = [*me, "engine", "--port", str(engine_port), "--policy", args.policy, *context]
+        procs.start(engine, f"http://127.0.0.1:{engine_port}/health", stack=stack, stdout=log, stderr=log)
+        server = [*me, "serve", "--port", str(server_port), "--engine-url", f"http://127.0.0.1:{engine_port}/v1"]
+        procs.start(server, f"http://127.0.0.1:{server_port}/health", stack=stack, stdout=log, stderr=log)
 
         async def go():
             async def progress(p: float, total: float | None, message: str | None) -> None:
@@ -230,19 +212,28 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_parity(argv: list[str]) -> int:
     """Trainer-side logprob parity (client/parity.py). It needs torch + transformers: where this interpreter lacks
-    them, re-run it with the trainer venv's ($SWE_GYM_TRAINER_PYTHON, else .trl-venv/bin/python)."""
+    them, re-run it with the trainer's python: $SWE_GYM_TRAINER_PYTHON, else the checkout's .trl-venv (made by
+    scripts/setup_trl.sh; the checkout is $SWE_GYM_CHECKOUT, else the current directory or a parent of it)."""
     import importlib.util
-    from pathlib import Path
 
     if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
         from swe_gym_env.client.parity import main as parity_main
 
         return parity_main(argv)
-    trainer = os.environ.get("SWE_GYM_TRAINER_PYTHON") or str(Path(__file__).resolve().parent / ".trl-venv/bin/python")
-    if not os.access(trainer, os.X_OK):
+    trainer = os.environ.get("SWE_GYM_TRAINER_PYTHON")
+    if not trainer:
+        try:
+            side = procs.side_python(".trl-venv")
+        except ValueError as e:
+            print(f"parity: {e}", file=sys.stderr)
+            return 2
+        trainer = str(side) if side else None
+    if not trainer or not os.access(trainer, os.X_OK):
+        where = f"no trainer python at {trainer}" if trainer else "no .trl-venv in a checkout here"
         print(
-            f"parity needs torch + transformers, missing here and no trainer venv at {trainer}: run "
-            "`bash scripts/setup_trl.sh` (or set SWE_GYM_TRAINER_PYTHON to a python that has them)",
+            f"parity needs torch + transformers, missing here, and {where}: run `bash scripts/setup_trl.sh` in the "
+            f"checkout and run this from there (or set ${procs.CHECKOUT_ENV} to it, or SWE_GYM_TRAINER_PYTHON to a "
+            "python that has them)",
             file=sys.stderr,
         )
         return 2
@@ -260,7 +251,7 @@ BENCHES = {
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    mod = importlib.import_module(f"swe_gym_env.server.bench.{args.bench}")
+    mod = importlib.import_module(f"swe_gym_env.benchmarks.{args.bench}")
     kwargs = {"clients": tuple(args.clients.split(","))} if args.bench == "capture" else {}
     return mod.run(args.json, quick=args.quick, **kwargs)
 
@@ -269,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("setup", help="prepare the tokenizer, the task runtime and the agent CLIs (idempotent)")
-    s.add_argument("--harness", action="append", help="only this harness (repeatable)")
+    s.add_argument("--harness", action="append", choices=list(HARNESSES), help="only this harness (repeatable)")
     s.set_defaults(func=cmd_setup)
     e = sub.add_parser("engine", help="the built-in vLLM-compatible engine (NOT a model: scripted policies)")
     e.add_argument("--host", default="127.0.0.1")
@@ -312,16 +303,21 @@ def main(argv: list[str] | None = None) -> int:
     ps.add_argument("--hf-sandboxes", action="store_true", help="rollouts in HF Sandboxes: sends an HF token secret")
     ps.add_argument("--open", action="store_true", help="no access token: anyone may start rollouts")
     ps.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="a Space variable (repeatable)")
+    ps.add_argument(
+        "--root",
+        type=Path,
+        help=f"the checkout to upload (default ${procs.CHECKOUT_ENV}, else the current directory or a parent of it)",
+    )
     ps.set_defaults(func=cmd_push)
     d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
-    d.add_argument("--harness", default="pi", choices=["pi", "opencode"])
+    d.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
     d.add_argument("--policy", default="oracle")
     d.add_argument("--json", action="store_true", help="print the result as one JSON object")
     d.set_defaults(func=cmd_demo)
     va = sub.add_parser("validate", help="gold patch must score 1.0 and the empty patch 0.0 on every task")
     va.add_argument("--dataset", default="bundled", help="bundled, a .jsonl/.json/.parquet file or a Hub id")
     va.add_argument("--split", default="train")
-    va.add_argument("--sandbox", default="local")
+    va.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
     va.add_argument("--limit", type=int, default=None)
     va.set_defaults(func=cmd_validate)
     r = sub.add_parser("rollout", help="run N rollouts in this process (no server), one JSON result per line")
@@ -329,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--split", default="bundled")
     r.add_argument("--index", type=int, help="task index (default: task i for rollout i)")
     r.add_argument("--instance-id")
-    r.add_argument("--harness", default="pi")
-    r.add_argument("--sandbox", default="local")
+    r.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
+    r.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
     r.add_argument("--concurrency", type=int, default=4)
     r.add_argument("--max-model-calls", type=int, default=30)
     r.add_argument("--max-tokens", type=int, default=1024)

@@ -1,17 +1,21 @@
 """Wire models: everything that crosses a process boundary (MCP tool arguments and results, client payloads).
 
-This module imports nothing but pydantic, so `swe_gym_env.client` can use it without the server's dependencies.
+This module imports nothing but pydantic and the stdlib-only name list `swe_gym_env.names`, so `swe_gym_env.client`
+can use it without the server's dependencies.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from swe_gym_env.names import HARNESSES, SANDBOXES
+
 Phase = Literal["validate", "task", "session", "install", "boot", "agent", "diff", "grade", "done"]
-Harness = Literal["pi", "opencode"]
-SandboxBackend = Literal["local", "docker", "hf", "e2b"]
+# Built from the one list of names (a Literal built at run time: static checkers see these as unknown)
+Harness: TypeAlias = Literal[*HARNESSES]  # pyright: ignore[reportInvalidTypeForm]
+SandboxBackend: TypeAlias = Literal[*SANDBOXES]  # pyright: ignore[reportInvalidTypeForm]
 
 
 class RolloutRequest(BaseModel):

@@ -6,15 +6,16 @@ import statistics
 import sys
 import time
 
-from swe_gym_env.server.sandbox.base import SandboxSpec
+from swe_gym_env.names import SANDBOXES
+from swe_gym_env.server.sandbox.base import SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.preflight import preflight
-from swe_gym_env.server.sandbox.registry import create_sandbox
+from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 
 async def bench(backend: str, n: int) -> dict:
     t = bundled_tasks()[0]
-    spec = SandboxSpec(repo_source=t.repo_source, base_commit=t.base_commit)
+    spec = SandboxSpec(repo_source=t.repo_source or "", base_commit=t.base_commit)
     creates, execs, closes = [], [], []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -34,7 +35,13 @@ async def bench(backend: str, n: int) -> dict:
 async def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     out = {}
-    for backend in ("local", "docker"):
+    for backend in SANDBOXES:
+        try:
+            if not backend_class(backend).takes_repo_source:  # a bundled task is a repository on this host
+                continue
+        except SandboxUnavailable as e:
+            out[backend] = {"skipped": str(e)}
+            continue
         pf = preflight(backend)
         out[backend] = await bench(backend, n) if pf["available"] else {"skipped": pf.get("reason")}
     print(json.dumps(out, indent=1))

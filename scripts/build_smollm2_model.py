@@ -38,8 +38,12 @@ def weights_present(folder: Path) -> bool:
 
 
 def build(folder: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    import torch  # pyright: ignore[reportMissingImports] (in .vllm-venv, not the app's venv)
+    from transformers import (  # pyright: ignore[reportMissingImports]
+        AutoModelForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     gguf = folder / GGUF_NAME
     if not gguf.is_file():  # `swe-gym-env setup` fetched it (server/assets.py) beside our tokenizer files

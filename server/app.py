@@ -17,10 +17,10 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from swe_gym_env.server.capture import CaptureProxy
-from swe_gym_env.server.capture_store import CaptureStore
+from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
-from swe_gym_env.server.openenv_compat import install_openenv_routes, wrap_mcp_app
+from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 from swe_gym_env.server.sandbox.registry import reap_forever
 from swe_gym_env.server.security import BodySizeLimit

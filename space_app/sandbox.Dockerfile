@@ -1,7 +1,11 @@
 # The rollout sandbox image for HF Sandbox (huggingface_hub.Sandbox.create(image=...)): Node, Pi and OpenCode baked in
 # at the paths the harnesses mount them (/opt/agents/<harness>), so a rollout skips the install. Task repos are
 # copied in per rollout; tasks that need their own image (SWE-Gym's) use that image instead.
-#   docker build -f space_app/sandbox.Dockerfile --network host [--build-arg BASE=...] -t swe-gym-env/sandbox .
+#   docker build -f space_app/sandbox.Dockerfile --network host [--build-arg BASE=...]
+#     $(python -m swe_gym_env.space_app.push build-args) -t swe-gym-env/sandbox .    (one command)
+# The agent versions belong to the harness classes (`version` in server/agents/*.py); `push build-args` passes them
+# as PI_VERSION / OPENCODE_VERSION. The defaults below are for a plain build and must equal them
+# (tests/test_layering.py fails when they disagree).
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 

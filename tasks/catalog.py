@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 
 from swe_gym_env.tasks.loaders import LoadReport, load_tasks
 from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import TaskPage
 
-BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+
+def _bundled_dir() -> Path:
+    """The bundled tasks (package data: tasks.jsonl and the git bundles it names), as a directory on disk: git
+    clones the bundles by path, so a zipped install cannot serve them."""
+    found = files("swe_gym_env.tasks") / "bundled"
+    if not isinstance(found, Path):
+        raise RuntimeError(f"swe_gym_env must be installed unzipped: the bundled tasks are git bundles ({found})")
+    return found
+
+
+BUNDLED_DIR = _bundled_dir()
 
 
 class TaskNotFound(LookupError):

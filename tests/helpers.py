@@ -11,7 +11,8 @@ import threading
 import httpx
 import uvicorn
 
-from swe_gym_env.cli import _wait_healthy, free_port
+from swe_gym_env import procs
+from swe_gym_env.procs import free_port
 from swe_gym_env.server.assets import tokenizer_file
 from swe_gym_env.server.engine.app import Engine, create_engine_app
 from swe_gym_env.server.engine.chat import ChatRenderer
@@ -111,9 +112,8 @@ class Stack:
         return f"http://127.0.0.1:{self.server_port}/mcp"
 
     def _start(self, argv, health):
-        p = subprocess.Popen(argv, env=self.env)
+        p = procs.start(argv, health, env=self.env, timeout=STARTUP_S)  # stopped there if it never gets healthy
         self.procs.append(p)
-        _wait_healthy(health, p, timeout=STARTUP_S)
         return p
 
     def health(self) -> dict:
@@ -121,9 +121,7 @@ class Stack:
 
     def stop(self):
         for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
+            procs.stop(p)
 
 
 class Served:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from swe_gym_env.cli import _wait_healthy, free_port
+from swe_gym_env import procs
 from swe_gym_env.server import export as export_mod
 
 from helpers import ME
@@ -17,12 +17,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def engine():
-    port = free_port()
-    p = subprocess.Popen([*ME, "engine", "--port", str(port)])
-    _wait_healthy(f"http://127.0.0.1:{port}/health", p)
+    port = procs.free_port()
+    p = procs.start([*ME, "engine", "--port", str(port)], f"http://127.0.0.1:{port}/health")
     yield f"http://127.0.0.1:{port}/v1"
-    p.terminate()
-    p.wait(10)
+    procs.stop(p)
 
 
 def run(*args, env=None, timeout=600):

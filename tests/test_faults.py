@@ -24,8 +24,8 @@ import httpx
 import pytest
 from leaks import Snapshot, owned_temp, processes_mentioning, wait_no_leaks
 
-from swe_gym_env.cli import _wait_healthy, free_port
 from swe_gym_env.client.mcp_client import SweGymClient
+from swe_gym_env.procs import free_port, wait_healthy
 from swe_gym_env.server.agents.base import AgentConfig
 from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
@@ -49,7 +49,7 @@ class HostileEngine:
     def __init__(self) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, str(HOSTILE), "--port", str(self.port)])
-        _wait_healthy(self.url("/health"), self.proc)
+        wait_healthy(self.url("/health"), self.proc)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from swe_gym_env.wire import Turn
 
@@ -52,9 +52,12 @@ class AgentConfig:
     max_tokens: int
 
 
+Verdict = Literal["match", "mismatch", "none"]
+
+
 @dataclass(frozen=True)
 class Reconciliation:
-    verdict: str  # match | mismatch | none
+    verdict: Verdict
     detail: str
     unused: tuple[int, ...] = ()  # captured turns the agent never used (retried, dropped): demoted
     missing: int = 0  # agent steps the capture does not hold: the capture is incomplete
@@ -110,7 +113,7 @@ def reconcile(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> 
     return Reconciliation("mismatch", f"{first}; {counts}" if first else counts, tuple(unused), missing)
 
 
-def cross_check(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> tuple[str, str]:
+def cross_check(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> tuple[Verdict, str]:
     """Reconcile the agent's own trace with the capture: ("match" | "mismatch" | "none", detail)."""
     r = reconcile(outcome, turns, budget_replies)
     return r.verdict, r.detail
@@ -127,9 +130,14 @@ def npm_install(root: Path, spec: str, entry: Path, extra: tuple[str, ...] = (),
 
 
 class Harness(Protocol):
+    """One agent CLI. Its name is its row in `swe_gym_env.names.HARNESSES`; what it needs of a sandbox is said by
+    class attributes (read them, never probe the class with hasattr)."""
+
     name: ClassVar[str]
-    version: ClassVar[str]
-    requires_node: ClassVar[bool]  # the sandbox must bring Node >= 20.6 (else a bootstrap step must add it)
+    version: ClassVar[str]  # the pinned release: installs, and space_app/sandbox.Dockerfile's build args
+    package: ClassVar[str]  # the npm package installed at `version`
+    needs_node: ClassVar[bool]  # the sandbox must bring Node >= 20.6 (else a bootstrap step must add it)
+    min_context_tokens: ClassVar[int]  # the least engine context it works in: its own prompt + room to act
 
     def install_dir(self) -> Path: ...
 

@@ -38,8 +38,10 @@ UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "
 class OpenCodeHarness:
     name = "opencode"
     version = "1.18.33"
+    # its first prompt is ~7.9k tokens (system prompt + 10 tools): in less it compacts at once, never sees the task
+    min_context_tokens = 12288
     package = "opencode-linux-x64"
-    requires_node = False  # one self-contained Bun executable
+    needs_node = False  # one self-contained Bun executable
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"opencode-{self.version}"
@@ -145,7 +147,8 @@ class OpenCodeHarness:
             if not isinstance(ev, dict):
                 continue
             kind = ev.get("type")
-            part = ev.get("part") if isinstance(ev.get("part"), dict) else {}
+            part = ev.get("part")
+            part = part if isinstance(part, dict) else {}
             if kind == "step_start":
                 calls = []
             elif kind == "tool_use" and part.get("callID"):

@@ -28,8 +28,9 @@ EVENTS = f"{AGENT_HOME}/pi-events.jsonl"
 class PiHarness:
     name = "pi"
     version = "0.73.1"
+    min_context_tokens = 4096  # its first prompt is ~1.5k tokens (4 tools); room for a few steps
     package = "@mariozechner/pi-coding-agent"
-    requires_node = True
+    needs_node = True
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"pi-{self.version}"
@@ -106,7 +107,8 @@ class PiHarness:
                 errors.append(str(msg.get("errorMessage") or "model call failed"))
                 continue
             usage = msg.get("usage") or {}
-            parts = msg.get("content") if isinstance(msg.get("content"), list) else []
+            parts = msg.get("content")
+            parts = parts if isinstance(parts, list) else []
             calls = tuple(str(p.get("id")) for p in parts if isinstance(p, dict) and p.get("type") == "toolCall")
             out.add_step(usage["output"] if isinstance(usage.get("output"), int) else None, calls)
         if errors and out.model_calls == 0:

@@ -1,16 +1,47 @@
-"""Harnesses by name: adding an agent is one class plus one entry here."""
+"""Harnesses by name. The names and where each class lives are `swe_gym_env.names.HARNESSES` (the one list);
+a class is imported on first use. Adding an agent is one class plus one row there."""
 
 from __future__ import annotations
 
-from swe_gym_env.server.agents.base import AgentError, Harness
-from swe_gym_env.server.agents.opencode import OpenCodeHarness
-from swe_gym_env.server.agents.pi import PiHarness
+import importlib
+from collections.abc import Iterator, Mapping
 
-HARNESSES: dict[str, type] = {"pi": PiHarness, "opencode": OpenCodeHarness}
+from swe_gym_env.names import HARNESSES as _NAMES
+from swe_gym_env.server.agents.base import AgentError, Harness
+
+_loaded: dict[str, type[Harness]] = {}
+
+
+def harness_class(name: str) -> type[Harness]:
+    if name not in _NAMES:
+        raise AgentError("install", f"unknown harness {name!r}; known: {sorted(_NAMES)}")
+    if name not in _loaded:
+        target, install = _NAMES[name]
+        module, cls = target.split(":")
+        try:
+            _loaded[name] = getattr(importlib.import_module(module), cls)
+        except ImportError as e:
+            raise AgentError("install", f"harness {name!r} cannot load ({e}); install: {install}") from e
+    return _loaded[name]
 
 
 def get_harness(name: str) -> Harness:
-    cls = HARNESSES.get(name)
-    if cls is None:
-        raise AgentError("install", f"unknown harness {name!r}; known: {sorted(HARNESSES)}")
-    return cls()
+    return harness_class(name)()
+
+
+class _Classes(Mapping[str, type[Harness]]):
+    """Name -> class, read-only; iterating lists the names without importing anything."""
+
+    def __getitem__(self, name: str) -> type[Harness]:
+        if name not in _NAMES:
+            raise KeyError(name)
+        return harness_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+
+HARNESSES: Mapping[str, type[Harness]] = _Classes()

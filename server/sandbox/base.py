@@ -16,7 +16,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol, Self
 
 OUTPUT_LIMIT = 256 * 1024
 TRUNCATED = "\n[... output truncated by swe_gym_env ...]\n"
@@ -148,7 +148,15 @@ class Sandbox(Protocol):
 
 
 class SandboxBase:
-    """Shared behaviour; backends fill in `_spawn`, `write_file`, `read_file`, `_teardown`."""
+    """Shared behaviour; backends fill in `create`, `_spawn`, `write_file`, `read_file`, `_teardown`, their
+    capabilities below, and `preflight` / `reap_orphans` where they have something to check or clean up."""
+
+    # -- what a backend can do, as class attributes: callers read these, never probe a backend with hasattr ----
+    host_mounts: ClassVar[bool] = False  # spec.ro_mounts (host paths) are mounted; else the image brings them
+    takes_repo_source: ClassVar[bool] = False  # clones spec.repo_source (a repository on the host)
+    uses_image: ClassVar[bool] = False  # runs spec.image (the task's image, which may hold the repo)
+    needs_image: ClassVar[bool] = False  # needs spec.image: no default image of its own
+    capture_via_url: ClassVar[bool] = False  # reaches /capture at the server's public URL (else its unix socket)
 
     capture_base_url: str | None = None
     relay_prefix: str = ""  # shell that starts the in-sandbox relay to /capture (backends with a socket)
@@ -160,6 +168,20 @@ class SandboxBase:
         self._closed = False
 
     # -- what a backend implements -------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, spec: SandboxSpec) -> Self:
+        raise NotImplementedError
+
+    @staticmethod
+    def preflight() -> tuple[bool, str]:
+        """Whether the backend can run here now: (ok, detail or the reason it cannot)."""
+        return True, "nothing to check"
+
+    @staticmethod
+    def reap_orphans() -> list[str]:
+        """Remove what server processes that died left behind; returns what was removed."""
+        return []
+
     async def _spawn(self, script: str, stdin: bytes | None) -> Process:
         raise NotImplementedError
 
@@ -248,7 +270,7 @@ class SandboxBase:
         self._live.clear()
         await self._teardown()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -127,6 +127,9 @@ def reap_orphans() -> list[str]:
 class DockerSandbox(SandboxBase):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
+    host_mounts = True
+    takes_repo_source = True  # a git bundle mounted and cloned inside; or the repo already in the task's image
+    uses_image = True  # the task's image, else the default one (scripts/setup_docker.sh)
 
     def __init__(self, spec: SandboxSpec, name: str, image: str) -> None:
         super().__init__(spec)

@@ -74,6 +74,8 @@ def reap_orphans() -> list[str]:
 class E2BSandbox(SandboxBase):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
+    uses_image = needs_image = True  # mapped to an E2B template, which holds the repo and the agents
+    capture_via_url = True
 
     def __init__(self, spec: SandboxSpec, sbx) -> None:
         super().__init__(spec)

@@ -83,6 +83,8 @@ def reap_orphans() -> list[str]:
 class HFSandbox(SandboxBase):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
+    uses_image = needs_image = True  # the repo and the agents come in it (space_app/sandbox.Dockerfile bakes agents)
+    capture_via_url = True
 
     def __init__(self, spec: SandboxSpec, sbx) -> None:
         super().__init__(spec)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swe_gym_env.server.assets import task_runtime_dir
+from swe_gym_env.server.assets import package_file, task_runtime_dir
 from swe_gym_env.server.sandbox import cgroups
 from swe_gym_env.server.sandbox.base import (
     RELAY_PORT,
@@ -41,7 +41,7 @@ from swe_gym_env.server.sandbox.base import (
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 
 RUNTIME_MOUNT = "/opt/swe-gym/runtime"
-RELAY_SCRIPT = Path(__file__).resolve().parent / "relay.py"
+RELAY_SCRIPT = package_file("swe_gym_env.server.sandbox", "relay.py")  # bind-mounted read-only into sandboxes
 SOCKET_DIR = "/run/swe-gym"
 ETC_FILES = [
     "passwd",
@@ -98,6 +98,8 @@ def preflight() -> tuple[bool, str]:
 class LocalSandbox(SandboxBase):
     reap_orphans = staticmethod(_reap_orphans)
     preflight = staticmethod(preflight)
+    host_mounts = True
+    takes_repo_source = True  # and needs one: the host's Python runs the tests, there is no image
 
     def __init__(self, spec: SandboxSpec, root: Path) -> None:
         super().__init__(spec)

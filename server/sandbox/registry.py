@@ -1,6 +1,7 @@
-"""Sandbox backends by name: adding one is a class with `create(spec)` plus one entry here.
+"""Sandbox backends by name. The names, where each class lives and what it needs installed are
+`swe_gym_env.names.SANDBOXES` (the one list): adding a backend is a class with `create(spec)` plus one row there.
 
-Classes are imported on first use (optional SDKs load lazily); each row names what it needs for the install hint.
+Classes are imported on first use (optional SDKs load lazily).
 Every sandbox gets this server's id, incarnation, host and pid as labels, so `reap_orphans` can find what a
 killed server left behind (containers and cloud sandboxes by label, local dirs and cgroups by pid).
 """
@@ -14,23 +15,18 @@ import logging
 import os
 import re
 
-from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec, SandboxUnavailable
+from swe_gym_env.names import SANDBOXES
+from swe_gym_env.server.sandbox.base import Sandbox, SandboxBase, SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.tempdirs import HOST, INCARNATION, server_id
 
 log = logging.getLogger(__name__)
 
-# name -> ("module:Class", what to install when it is missing)
-BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("swe_gym_env.server.sandbox.local:LocalSandbox", "apt-get install bubblewrap; swe-gym-env setup"),
-    "docker": ("swe_gym_env.server.sandbox.docker:DockerSandbox", "scripts/setup_docker.sh (docker.io + dockerd)"),
-    "hf": ("swe_gym_env.server.sandbox.hf:HFSandbox", "pip install 'huggingface_hub>=1.22' and an HF token"),
-    "e2b": ("swe_gym_env.server.sandbox.e2b:E2BSandbox", "pip install 'swe_gym_env[sandboxes]' and E2B_API_KEY"),
-}
+BACKENDS = SANDBOXES  # name -> ("module:Class", what to install when it is missing)
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_loaded: dict[str, type] = {}
+_loaded: dict[str, type[SandboxBase]] = {}
 
 
-def backend_class(name: str) -> type:
+def backend_class(name: str) -> type[SandboxBase]:
     if name not in BACKENDS:
         raise SandboxError(f"unknown sandbox backend {name!r}; known: {sorted(BACKENDS)}")
     if name not in _loaded:
@@ -59,11 +55,10 @@ def reap_orphans() -> list[str]:
             cls = backend_class(name)
         except SandboxUnavailable:
             continue
-        if hasattr(cls, "reap_orphans"):
-            try:
-                found += cls.reap_orphans()
-            except Exception as e:  # one backend's trouble (daemon down, no token) must not stop the others
-                log.warning("reaping %s sandboxes failed: %s", name, e)
+        try:
+            found += cls.reap_orphans()
+        except Exception as e:  # one backend's trouble (daemon down, no token) must not stop the others
+            log.warning("reaping %s sandboxes failed: %s", name, e)
     return found
 
 

@@ -14,10 +14,11 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 
-from swe_gym_env.cli import free_port
-from swe_gym_env.server.bench import emit, pct, procs, summary_ms
+from swe_gym_env.benchmarks import emit, pct, stack, summary_ms
+from swe_gym_env.procs import free_port
 
 CONCURRENCY = (1, 64, 256)
 SIZES = (1000, 8000)
@@ -57,7 +58,7 @@ async def _agent(session, url: str, headers: dict, body: dict, calls: int, lat: 
         lat.append(time.perf_counter() - t0)
 
 
-async def _run(url: str, keys: list[str | None], body: dict, total: int) -> dict:
+async def _run(url: str, keys: Sequence[str | None], body: dict, total: int) -> dict:
     import aiohttp
 
     lat: list[float] = []
@@ -93,26 +94,26 @@ async def _mint(server: str, admin: str, engine: str, n: int) -> list[str]:
         return keys
 
 
-def _start_server(stack: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
+def _start_server(exits: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
     env = {
         "SWE_GYM_ADMIN_KEY": admin,
         "SWE_GYM_DATA_DIR": os.path.join(tmp, f"data-{upstream}"),
         "SWE_GYM_UPSTREAM": upstream,
         "SWE_GYM_UI": "0",
     }
-    return procs.server(stack, engine, env)[0]
+    return stack.server(exits, engine, env)[0]
 
 
 def run(as_json: bool, quick: bool = False, clients: tuple[str, ...] = ("aiohttp",)) -> int:
     admin = secrets.token_urlsafe(16)
     sizes, concs = ((1000,), (1, 64)) if quick else (SIZES, CONCURRENCY)
     results = []
-    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+    with ExitStack() as exits, tempfile.TemporaryDirectory() as tmp:
         eport = free_port()
         engine = f"http://127.0.0.1:{eport}"
-        stub = [sys.executable, "-m", "swe_gym_env.server.bench.stub_engine", str(eport)]
-        procs.start(stack, stub, f"{engine}/health")
-        servers = {name: _start_server(stack, tmp, engine + "/v1", admin, name) for name in clients}
+        stub = [sys.executable, "-m", "swe_gym_env.benchmarks.stub_engine", str(eport)]
+        stack.start(exits, stub, f"{engine}/health")
+        servers = {name: _start_server(exits, tmp, engine + "/v1", admin, name) for name in clients}
         for size in sizes:
             for stream in (False, True):
                 for conc in concs:

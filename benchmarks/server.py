@@ -12,8 +12,9 @@ import sys
 import time
 from contextlib import ExitStack
 
-from swe_gym_env.server.bench import emit
-from swe_gym_env.server.bench.procs import rss_kib, server, start
+from swe_gym_env.benchmarks import emit
+from swe_gym_env.benchmarks.stack import rss_kib, server, start
+from swe_gym_env.procs import free_port
 
 BARE = (
     "import sys, uvicorn\n"
@@ -26,8 +27,6 @@ BARE = (
 
 
 def _bare(stack: ExitStack) -> tuple[float, int]:
-    from swe_gym_env.cli import free_port
-
     port = free_port()
     proc, took = start(stack, [sys.executable, "-c", BARE, str(port)], f"http://127.0.0.1:{port}/health")
     time.sleep(1.0)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from swe_gym_env.server.bench import emit
-from swe_gym_env.server.capture_graph import RolloutGraph
-from swe_gym_env.server.capture_store import CaptureStore
+from swe_gym_env.benchmarks import emit
+from swe_gym_env.server.capture.graph import RolloutGraph
+from swe_gym_env.server.capture.store import CaptureStore
 
 
 def _ingest(store: CaptureStore, sid: str, g: RolloutGraph, i: int, prompt: list[int], comp: list[int]) -> float:

@@ -4,7 +4,7 @@ Every reply carries `prompt_token_ids` of the requested prompt length (the agent
 its `metadata.prompt_tokens`), COMPLETION completion ids with `token_id:N` logprobs; streamed like vLLM (role chunk
 with the prompt ids, one chunk per token, finish chunk, usage chunk, [DONE]).
 
-Run: python -m swe_gym_env.server.bench.stub_engine PORT
+Run: python -m swe_gym_env.benchmarks.stub_engine PORT
 """
 
 from __future__ import annotations
@@ -72,20 +72,22 @@ def _stream(prompt_len: int) -> list[bytes]:
 def make_app():
     from aiohttp import web
 
-    cache: dict[tuple[int, bool], object] = {}
+    replies: dict[int, bytes] = {}
+    streams: dict[int, list[bytes]] = {}
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         n = int((body.get("metadata") or {}).get("prompt_tokens", 1000))
         stream = bool(body.get("stream"))
-        key = (n, stream)
-        if key not in cache:
-            cache[key] = _stream(n) if stream else json.dumps(_reply(n)).encode()
         if not stream:
-            return web.Response(body=cache[key], content_type="application/json")
+            if n not in replies:
+                replies[n] = json.dumps(_reply(n)).encode()
+            return web.Response(body=replies[n], content_type="application/json")
+        if n not in streams:
+            streams[n] = _stream(n)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        for chunk in cache[key]:
+        for chunk in streams[n]:
             await resp.write(chunk)
         await resp.write_eof()
         return resp

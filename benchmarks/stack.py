@@ -1,33 +1,39 @@
-"""Processes the benches start: the built-in engine and the server, on free loopback ports, stopped on exit."""
+"""What the benches run against: the built-in engine and the server as processes on free loopback ports, stopped
+when the bench's ExitStack closes (started with `swe_gym_env.procs`)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
+
+from swe_gym_env import procs
 
 ME = [sys.executable, "-m", "swe_gym_env.cli"]
 
 
-def start(stack: ExitStack, argv: list[str], health: str, env: dict | None = None, timeout: float = 120) -> tuple:
-    """Start ``argv``, wait until ``health`` answers 200; returns (process, seconds to healthy)."""
-    from swe_gym_env.cli import _wait_healthy
-
+def start(
+    stack: ExitStack, argv: Sequence[str], health: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> tuple[subprocess.Popen, float]:
+    """Start ``argv`` (output discarded), wait until ``health`` answers 200; returns (process, seconds to healthy)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    proc = procs.start(
+        argv,
+        health,
+        stack=stack,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=timeout,
+        grace=15,
     )
-    stack.callback(lambda: (proc.terminate(), proc.wait(15)))
-    _wait_healthy(health, proc, timeout)
     return proc, time.monotonic() - t0
 
 
 def engine(stack: ExitStack, policy: str = "oracle", extra: list[str] | None = None) -> str:
-    from swe_gym_env.cli import free_port
-
-    port = free_port()
+    port = procs.free_port()
     start(
         stack,
         [*ME, "engine", "--port", str(port), "--policy", policy, *(extra or [])],
@@ -36,10 +42,10 @@ def engine(stack: ExitStack, policy: str = "oracle", extra: list[str] | None = N
     return f"http://127.0.0.1:{port}/v1"
 
 
-def server(stack: ExitStack, engine_url: str, env: dict | None = None) -> tuple[str, subprocess.Popen, float]:
-    from swe_gym_env.cli import free_port
-
-    port = free_port()
+def server(
+    stack: ExitStack, engine_url: str, env: Mapping[str, str] | None = None
+) -> tuple[str, subprocess.Popen, float]:
+    port = procs.free_port()
     argv = [*ME, "serve", "--port", str(port), "--engine-url", engine_url]
     proc, took = start(stack, argv, f"http://127.0.0.1:{port}/health", env)
     url = f"http://127.0.0.1:{port}"

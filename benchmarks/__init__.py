@@ -1,7 +1,9 @@
 """Benchmarks: `swe-gym-env bench {capture,graph,rollouts,server} [--json]`.
 
 Each compares against a baseline measured in the same run (absolute times on a shared machine are noise) and prints
-one JSON document (``--json``) or a short table.
+one JSON document (``--json``) or a short table. Not part of the runtime server: the CLI imports a bench lazily, and
+nothing under `swe_gym_env.server` imports this package (import-linter checks it). The stub engine here
+(`stub_engine.py`) is a bench fixture, not the built-in engine (`swe_gym_env.server.engine`).
 """
 
 from __future__ import annotations

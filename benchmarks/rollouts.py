@@ -12,8 +12,8 @@ import os
 import time
 from contextlib import ExitStack
 
-from swe_gym_env.server.bench import emit, pct
-from swe_gym_env.server.bench.procs import engine, rss_kib, server
+from swe_gym_env.benchmarks import emit, pct
+from swe_gym_env.benchmarks.stack import engine, rss_kib, server
 
 LEVELS = (8, 32, 64)
 

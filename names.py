@@ -1,0 +1,38 @@
+"""The one list of harness and sandbox-backend names.
+
+Everything else derives from these tables: the registries load the classes from them lazily
+(`server/agents/registry.py`, `server/sandbox/registry.py`), `wire.py` builds its `Harness` / `SandboxBackend`
+Literals from their keys, the CLI takes its `choices` from them, and `capabilities` / `info` list the registries.
+Adding a harness or a backend is one class plus one row here.
+
+Stdlib only and no project imports: `wire.py` (which the light client uses) imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Plugin(NamedTuple):
+    target: str  # "module:Class", imported on first use
+    install: str  # what to install when the class cannot load (its SDK, binary or daemon is missing)
+
+
+HARNESSES: dict[str, Plugin] = {
+    "pi": Plugin("swe_gym_env.server.agents.pi:PiHarness", "swe-gym-env setup --harness pi"),
+    "opencode": Plugin(
+        "swe_gym_env.server.agents.opencode:OpenCodeHarness", "swe-gym-env setup --harness opencode (and ripgrep)"
+    ),
+}
+
+SANDBOXES: dict[str, Plugin] = {
+    "local": Plugin("swe_gym_env.server.sandbox.local:LocalSandbox", "apt-get install bubblewrap; swe-gym-env setup"),
+    "docker": Plugin(
+        "swe_gym_env.server.sandbox.docker:DockerSandbox", "scripts/setup_docker.sh (docker.io + dockerd)"
+    ),
+    "hf": Plugin("swe_gym_env.server.sandbox.hf:HFSandbox", "pip install 'huggingface_hub>=1.22' and an HF token"),
+    "e2b": Plugin("swe_gym_env.server.sandbox.e2b:E2BSandbox", "pip install 'swe_gym_env[sandboxes]' and E2B_API_KEY"),
+}
+
+DEFAULT_HARNESS = "pi"
+DEFAULT_SANDBOX = "local"
