@@ -24,39 +24,41 @@ class RolloutRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rollout_id: str | None = Field(
-        None,
+        default=None,
         pattern=r"^[A-Za-z0-9_-]{8,64}$",
         description="Idempotency key: the same id returns the same rollout (attach if running, result if done).",
     )
-    instance_id: str | None = Field(None, description="Task instance id; default: the first task of the split.")
-    split: str = Field("bundled", description="Catalog split to pick the task from.")
-    index: int | None = Field(None, ge=0, description="Task index within the split (instead of instance_id).")
+    instance_id: str | None = Field(default=None, description="Task instance id; default: the first task of the split.")
+    split: str = Field(default="bundled", description="Catalog split to pick the task from.")
+    index: int | None = Field(default=None, ge=0, description="Task index within the split (instead of instance_id).")
     purpose: Literal["eval", "train"] = Field(
-        "eval", description="`train` refuses engines that do not return token ids with processed logprobs."
+        default="eval", description="`train` refuses engines that do not return token ids with processed logprobs."
     )
     harness: Harness = "pi"
     sandbox: SandboxBackend = "local"
     mode: Literal["capture", "black_box"] = Field(
-        "capture",
+        default="capture",
         description="capture: model calls go through /capture and are recorded (trainable); black_box: forwarded "
         "to the engine unchanged, nothing recorded (eval only, no token data, capture_level text).",
     )
-    engine: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Server-side engine name.")
-    max_model_calls: int = Field(30, ge=1, le=500)
-    max_tokens: int = Field(1024, ge=1, le=32768, description="Completion-token cap per model call.")
+    engine: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Server-side engine name.")
+    max_model_calls: int = Field(default=30, ge=1, le=500)
+    max_tokens: int = Field(default=1024, ge=1, le=32768, description="Completion-token cap per model call.")
     engine_url: str | None = Field(
-        None,
+        default=None,
         pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?$",
         max_length=500,
         description="An OpenAI-compatible base URL (…/v1) instead of a named engine; only where the server allows "
         "it (URL prefixes in SWE_GYM_ENGINE_URL_ALLOWLIST). No key can be given here: keys live server-side.",
     )
-    engine_model: str | None = Field(None, max_length=200, description="Served model name at engine_url.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling overrides, forced on every call.")
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    engine_model: str | None = Field(default=None, max_length=200, description="Served model name at engine_url.")
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=2.0, description="Sampling overrides, forced on every call."
+    )
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None
-    deadline_s: float = Field(600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
+    deadline_s: float = Field(default=600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
 
 
 class Turn(BaseModel):
@@ -72,17 +74,21 @@ class Turn(BaseModel):
     request: dict = Field(description="The request as forwarded upstream (messages, tools, sampling).")
     response_message: dict = Field(description="The assistant message returned to the agent.")
     parent: int | None = Field(
-        None, description="Rollout graph: the call whose whole prompt this prompt holds (None: a root)."
+        default=None, description="Rollout graph: the call whose whole prompt this prompt holds (None: a root)."
     )
     relation: Literal["root", "extends", "drift"] = Field(
-        "root",
+        default="root",
         description="extends: the prompt holds the parent's prompt + completion exactly; drift: the parent's "
         "completion re-tokenised differently.",
     )
-    retry_of: int | None = Field(None, description="An earlier call with exactly this prompt (a retry or resample).")
-    role: Literal["agent", "aux"] = Field("agent", description="aux: a call outside the agent's own conversations.")
+    retry_of: int | None = Field(
+        default=None, description="An earlier call with exactly this prompt (a retry or resample)."
+    )
+    role: Literal["agent", "aux"] = Field(
+        default="agent", description="aux: a call outside the agent's own conversations."
+    )
     discarded: bool = Field(
-        False, description="Abandoned (retried, or never used by the agent): kept visible, never trained on."
+        default=False, description="Abandoned (retried, or never used by the agent): kept visible, never trained on."
     )
 
 
@@ -96,7 +102,7 @@ class SequenceRef(BaseModel):
 
     turns: list[int] = Field(description="Turn indices, in order.")
     role: Literal["agent", "aux"] = "agent"
-    discarded: bool = Field(False, description="An abandoned branch: never trained on.")
+    discarded: bool = Field(default=False, description="An abandoned branch: never trained on.")
 
 
 class Finding(BaseModel):
@@ -130,7 +136,7 @@ class RolloutResult(BaseModel):
     ok: bool
     error: str | None = None
     phase: Phase = "done"
-    reward: float | None = Field(None, description="None when grading did not run; never confused with 0.0.")
+    reward: float | None = Field(default=None, description="None when grading did not run; never confused with 0.0.")
     instance_id: str | None = None
     harness: str
     sandbox: str
@@ -143,15 +149,16 @@ class RolloutResult(BaseModel):
     agent_exit_code: int | None = None
     agent_log_tail: str = ""
     sequences: list[SequenceRef] = Field(
-        [], description="The rollout graph's training sequences (the only source of training rows)."
+        default=[], description="The rollout graph's training sequences (the only source of training rows)."
     )
     cross_check: Literal["match", "mismatch", "none"] | None = Field(
-        None, description="The agent's own event stream vs the capture, call by call; none: the agent left no trace."
+        default=None,
+        description="The agent's own event stream vs the capture, call by call; none: the agent left no trace.",
     )
     cross_check_detail: str = ""
-    capture_level: str | None = Field(None, description="tokens | logprobs | text, from engine certification.")
-    logprobs_mode: str | None = Field(None, description="processed | raw | placeholder | unknown.")
-    capture_session_id: str | None = Field(None, description="The capture session (readable after a restart).")
+    capture_level: str | None = Field(default=None, description="tokens | logprobs | text, from engine certification.")
+    logprobs_mode: str | None = Field(default=None, description="processed | raw | placeholder | unknown.")
+    capture_session_id: str | None = Field(default=None, description="The capture session (readable after a restart).")
     findings: Annotated[list[Finding], BeforeValidator(_findings)] = []
 
     @property
@@ -187,11 +194,13 @@ class RolloutSummary(BaseModel):
     ok: bool | None = None
     reward: float | None = None
     turns: int = 0
-    roots: int = Field(0, description="Conversations in the rollout graph (the agent's, subagents', auxiliary).")
+    roots: int = Field(
+        default=0, description="Conversations in the rollout graph (the agent's, subagents', auxiliary)."
+    )
     error: str | None = None
     seconds_since_last_call: float | None = None
     seconds_in_phase: float | None = Field(
-        None, description="How long the rollout has been in its phase: booting vs an agent that is not calling."
+        default=None, description="How long the rollout has been in its phase: booting vs an agent that is not calling."
     )
     capture_session_id: str | None = None
 
@@ -267,7 +276,7 @@ class TrainingRow(BaseModel):
     loss_mask: list[int] = Field(description="1 on sampled tokens, 0 on prompt / tool-result tokens.")
     logprobs: list[float] = Field(description="The engine's logprob per input token (0.0 where loss_mask is 0).")
     turn_indices: list[int]
-    role: Literal["agent", "aux"] = Field("agent", description="aux: outside the agent's own conversations.")
+    role: Literal["agent", "aux"] = Field(default="agent", description="aux: outside the agent's own conversations.")
 
 
 class CaptureSessionCreate(BaseModel):
@@ -277,11 +286,11 @@ class CaptureSessionCreate(BaseModel):
 
     engine_url: str = Field(pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?$", max_length=500)
     served_model: str = Field(max_length=200)
-    engine_api_key: str | None = Field(None, max_length=4096, description="Held server-side; never returned.")
+    engine_api_key: str | None = Field(default=None, max_length=4096, description="Held server-side; never returned.")
     engine_headers: dict[str, str] = Field(default_factory=dict, max_length=16)
-    max_calls: int = Field(30, ge=1, le=10_000)
-    max_tokens: int = Field(1024, ge=1, le=131_072)
-    call_timeout_s: float = Field(300.0, gt=0, le=3600)
+    max_calls: int = Field(default=30, ge=1, le=10_000)
+    max_tokens: int = Field(default=1024, ge=1, le=131_072)
+    call_timeout_s: float = Field(default=300.0, gt=0, le=3600)
     sampling: dict[str, float | int] = Field(default_factory=dict, max_length=8)
     passthrough: bool = False
     labels: dict[str, str] = Field(default_factory=dict, max_length=16)

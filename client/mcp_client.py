@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastmcp import Client
 
 from swe_gym_env.wire import RolloutRequest, RolloutResult, failed_result
 
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+
+class Progress(Protocol):
+    """A progress callback: MCP progress notifications of a running rollout (phases, model calls)."""
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
 class SweGymClient:

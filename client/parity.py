@@ -126,7 +126,7 @@ def completion_logprobs(
     top_p: float | None = None,
 ) -> list[float]:
     """Logprob of each completion token given everything before it, after the engine's sampling transform."""
-    import torch
+    import torch  # pyright: ignore[reportMissingImports]
 
     if not completion_ids:
         return []
@@ -178,7 +178,12 @@ def shift_of(captured: list[float], computed: list[float], tol: Tolerance) -> in
 def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnParity:
     temperature, top_k, top_p = sampling_of(turn)
     ids, captured = turn.completion_token_ids, list(turn.logprobs)
-    base = dict(rollout_id=rollout_id, turn=turn.index, tokens=len(ids), temperature=temperature)
+    base: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "turn": turn.index,
+        "tokens": len(ids),
+        "temperature": temperature,
+    }
     if len(ids) != len(captured):
         return TurnParity(**base, mean_abs=math.inf, max_abs=math.inf, first_mismatch=min(len(ids), len(captured)),
                           ok=False, diagnosis=f"length: {len(ids)} completion ids but {len(captured)} logprobs "
@@ -208,8 +213,8 @@ def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnP
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32") -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # pyright: ignore[reportMissingImports]
+    from transformers import AutoModelForCausalLM  # pyright: ignore[reportMissingImports]
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype)

@@ -92,7 +92,8 @@ class SweGymWSClient:
                     msg = json.loads(raw)
                 except ValueError:
                     continue
-                fut = self._pending.get(msg.get("request_id")) if isinstance(msg, dict) else None
+                rid = msg.get("request_id") if isinstance(msg, dict) else None
+                fut = self._pending.get(rid) if isinstance(rid, str) else None
                 if fut is not None and not fut.done():  # replies to abandoned requests are dropped
                     fut.set_result(msg)
         except websockets.ConnectionClosed:
@@ -103,11 +104,14 @@ class SweGymWSClient:
     async def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         if self._ws is None:
             await self.connect()
+        ws = self._ws
+        if ws is None:
+            raise ConnectionError("not connected to the server")
         rid = uuid.uuid4().hex
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self._ws.send(json.dumps({**message, "request_id": rid}))
+            await ws.send(json.dumps({**message, "request_id": rid}))
             reply = await asyncio.wait_for(fut, timeout_s or self.timeout_s)
         finally:
             self._pending.pop(rid, None)

@@ -140,7 +140,9 @@ def _read_hub(dataset_id: str, split: str) -> Iterator[dict[str, Any]]:
         ds = datasets.load_dataset(dataset_id, split=split)
     except Exception as e:  # datasets raises many types; the message is what matters
         raise DatasetError(f"could not load {dataset_id!r} split {split!r}: {type(e).__name__}: {e}") from e
-    yield from ds
+    for row in ds:
+        if isinstance(row, dict):
+            yield row
 
 
 def rows_of(source: str, split: str = "train") -> Iterator[dict[str, Any]]:

@@ -124,6 +124,28 @@ class Stack:
             procs.stop(p)
 
 
+async def rows_match_export(stack: Stack, result) -> None:
+    """The trainer's rows of a rollout equal the kept sequences of its capture session's export (the one derivation
+    of training data): same turns, tokens, loss mask and logprobs, in the same order."""
+    from swe_gym_env.client.trainer import training_rows
+
+    assert result.capture_session_id, "no capture session"
+    headers = {"authorization": f"Bearer {k}"} if (k := stack.env.get("SWE_GYM_ADMIN_KEY")) else {}
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.get(
+            f"http://127.0.0.1:{stack.server_port}/capture/sessions/{result.capture_session_id}/export", headers=headers
+        )
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    kept = [(s["turns"], s["role"], s["token_ids"], s["loss_mask"], s["logprobs"]) for s in doc["sequences"]]
+    kept = [k for k, s in zip(kept, doc["sequences"], strict=True) if not s["discarded"]]
+    rows = [(r.turn_indices, r.role, r.input_ids, r.loss_mask, r.logprobs) for r in training_rows(result)]
+    assert rows == (kept if result.ok and result.reward is not None else [])  # unscorable: no rows at all
+    assert [(s.turns, s.role, s.discarded) for s in result.sequences] == [
+        (s["turns"], s["role"], s["discarded"]) for s in doc["sequences"]
+    ]
+
+
 class Served:
     """A Starlette app on a real loopback port (uvicorn in a thread)."""
 

@@ -15,7 +15,7 @@ import pytest
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.tasks.catalog import bundled_tasks
 
-from helpers import Stack
+from helpers import Stack, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_agents")]
 
@@ -95,6 +95,8 @@ async def rollout(stack: Stack, harness: str, **fields):
     with PeakRSS(stack.server.pid) as meter:
         async with SweGymClient(stack.mcp_url) as c:
             result = await c.run_rollout(harness=harness, **fields)
+    if result.capture_session_id:
+        await rows_match_export(stack, result)
     return result, meter
 
 

@@ -13,7 +13,7 @@ import pytest
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.client.trainer import training_rows
 
-from helpers import ME, Stack
+from helpers import ME, Stack, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 
@@ -44,7 +44,8 @@ async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_sta
     assert result.reward == 1.0 and result.grading.resolution == "RESOLVED_FULL"
     assert len(result.turns) >= 2 and result.stop_reason == "agent_done"
     assert result.capture_level == "tokens" and result.logprobs_mode == "placeholder"
-    assert result.cross_check == "match" and result.sequences == [[t.index for t in result.turns]]
+    assert result.cross_check == "match" and [s.turns for s in result.sequences] == [[t.index for t in result.turns]]
+    await rows_match_export(oracle_stack, result)
     assert "-(-len(items) // size)" in result.model_patch
     async with httpx.AsyncClient() as http:
         for turn in result.turns:

@@ -33,7 +33,7 @@ from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import BUNDLED_DIR, get_task
 
-from helpers import MODEL, Stack
+from helpers import MODEL, Stack, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 
@@ -164,6 +164,8 @@ class Bed:
                 result = await c.run_rollout(harness=harness, **fields)
         problems = await asyncio.to_thread(wait_no_leaks, before, self.health_url)
         assert not problems, f"leaked after {mode}: {problems}; result: {result.error}"
+        if result.capture_session_id:
+            await rows_match_export(self.stack, result)
         return result
 
 

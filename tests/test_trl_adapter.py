@@ -1,6 +1,6 @@
 """client/trl_adapter.py: TRL's `rollout_func` contract, on real rollouts, through the installed trl.
 
-- In process (the app's venv): `trl_output` shapes on hand-made results: multi-turn masks, the longest sequence,
+- In process (the app's venv): `trl_output` shapes on hand-made results: multi-turn masks, the main row,
   unscorable rollouts as reward None with an all-zero env_mask (never 0).
 - Integration (`.trl-venv`, from `bash scripts/setup_trl.sh`, plus SmolLM2's weights from
   `bash scripts/setup_vllm.sh`): a real server + built-in oracle engine (tests/helpers.Stack), then a script run by
@@ -29,7 +29,7 @@ from conftest import require
 from swe_gym_env.cli import free_port
 from swe_gym_env.client.trl_adapter import REQUIRED_KEYS, env_reward_func, make_rollout_func, trl_output
 from swe_gym_env.server.assets import tokenizer_dir
-from swe_gym_env.wire import RolloutResult, Turn
+from swe_gym_env.wire import RolloutResult, SequenceRef, Turn
 
 from helpers import Stack
 
@@ -51,18 +51,28 @@ def turn(i, prompt, completion):
     )
 
 
-def result(turns, ok=True, reward=1.0, rid="r", error=None):
+def result(turns, ok=True, reward=1.0, rid="r", error=None, sequences=None):
+    """A result as the server builds it: its sequences are the rollout graph's (one chain of all turns by default)."""
+    seqs = [SequenceRef(turns=s) for s in (sequences if sequences is not None else [[t.index for t in turns]])]
     return RolloutResult(
-        rollout_id=rid, ok=ok, reward=reward, error=error, harness="pi", sandbox="local", turns=turns, instance_id="t"
+        rollout_id=rid,
+        ok=ok,
+        reward=reward,
+        error=error,
+        harness="pi",
+        sandbox="local",
+        turns=turns,
+        instance_id="t",
+        sequences=seqs if turns else [],
     )
 
 
-def test_trl_output_shapes_multi_turn_longest_sequence_and_unscorable():
+def test_trl_output_shapes_multi_turn_main_row_and_unscorable():
     chained = [turn(0, [1, 2, 3], [10, 11]), turn(1, [1, 2, 3, 10, 11, 20, 21], [30])]
     drifted = [*chained, turn(2, [5], [6])]  # a second, shorter sequence: dropped, counted
     out = trl_output(
         [
-            result(drifted, rid="a"),
+            result(drifted, rid="a", sequences=[[0, 1], [2]]),
             result(chained, reward=0.0, rid="b"),
             result([turn(0, [1], [2])], ok=False, reward=None, rid="c", error="agent: boom"),
             result([], ok=True, reward=None, rid="d"),

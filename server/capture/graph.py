@@ -271,7 +271,8 @@ class RolloutGraph:
             p = n.parent
             k = seg_of.get(p) if p is not None else None
             if (
-                k is not None
+                p is not None
+                and k is not None
                 and n.relation == "extends"
                 and out[k].turns[-1] == p
                 and self.nodes[p].discarded == n.discarded

@@ -79,7 +79,10 @@ class ChatRenderer:
 
     @cached_property
     def eos_token_id(self) -> int:
-        return self.tokenizer.token_to_id(EOS_TOKEN)
+        eos = self.tokenizer.token_to_id(EOS_TOKEN)
+        if eos is None:
+            raise ValueError(f"the tokenizer has no {EOS_TOKEN!r} token")
+        return eos
 
     def render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True) -> str:
         return self.template.render(

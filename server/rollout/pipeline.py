@@ -19,7 +19,7 @@ from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
 from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
-from swe_gym_env.server.sandbox.registry import create_sandbox
+from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.wire import Finding, RolloutRequest, RolloutResult
 
@@ -47,7 +47,7 @@ class Pipeline:
             raise RolloutFailure("task", str(e)) from e
         state.instance_id = rec.instance_id = task.instance_id
         engine, engine_name = self.engines.choose(req)
-        if req.sandbox == "local" and not task.repo_source:
+        if not task.repo_source and not backend_class(req.sandbox).uses_image:
             raise RolloutFailure("task", f"task {task.instance_id} has no local repository source")
         cert = state.cert = await self.engines.certificate(engine_name, engine)
         if engine.served_model == "" and cert.served_model:

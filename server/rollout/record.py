@@ -25,7 +25,7 @@ class RolloutFailure(Exception):
 
     def __init__(self, phase: Phase, message: str, stop_reason: str | None = None) -> None:
         super().__init__(message)
-        self.phase = phase
+        self.phase: Phase = phase
         self.message = message
         self.stop_reason = stop_reason
 
