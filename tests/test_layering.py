@@ -20,7 +20,13 @@ BIN = Path(sys.executable).parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-# -- import-linter and pyright ----------------------------------------------------------------------------------
+# -- ruff, import-linter and pyright ----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["check", "."], ["format", "--check", "."]])
+def test_ruff_is_clean(argv):
+    out = subprocess.run([str(BIN / "ruff"), *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+
+
 def test_import_contracts_are_kept():
     contracts = PYPROJECT["tool"]["importlinter"]["contracts"]
     out = subprocess.run(
