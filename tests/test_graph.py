@@ -312,3 +312,25 @@ def test_property_sequences_are_exact_paths_and_never_hold_discarded_calls(run):
     for row in rows:
         assert sum(row.loss_mask) == sum(len(b.turns[i].completion_token_ids) for i in row.turn_indices)
     assert demoted <= {t.index for t in b.turns if t.discarded}
+
+
+def test_task_seen_only_in_an_agent_calls_request():
+    from swe_gym_env.server.capture import CaptureSession, EngineTarget
+    from swe_gym_env.server.rollout.agent_run import saw_task
+
+    problem = "The  last chunk\nis dropped\twhen the size does not divide the length."
+    s = CaptureSession(id="s", engine=EngineTarget("http://e/v1", "m"), max_calls=5, max_tokens=5, call_timeout_s=5)
+    b = Build()
+    b.call([*SYS, *USER], [1])
+    aux = b.turns[0].model_copy(
+        update={"role": "aux", "request": {"messages": [{"role": "user", "content": f"Title: {problem}"}]}}
+    )
+    s.turns = [aux]
+    assert not saw_task(s, problem)  # only an aux call (a title generator) carried it
+    parts = [{"type": "text", "text": "Fix this:"}, {"type": "text", "text": "The last chunk is dropped when the size"}]
+    agent = b.turns[0].model_copy(update={"request": {"messages": [{"role": "user", "content": parts}]}})
+    s.turns = [aux, agent]
+    assert not saw_task(s, problem)  # a part of it is not the task
+    parts[1]["text"] = " The last chunk is\n dropped when the size does not divide the length. Thanks"
+    s.turns = [aux, agent.model_copy(update={"request": {"messages": [{"role": "user", "content": parts}]}})]
+    assert saw_task(s, problem)  # whitespace normalised
