@@ -259,9 +259,9 @@ async def test_engine_returns_no_token_ids_in_a_tokens_session(bed):
 
 async def test_engine_that_stops_returning_ids_fails_the_rollout(bed):
     # before: ok=True, reward 0.0, no finding
-    result = await bed.rollout("no_token_ids", after=2)
+    result = await bed.rollout("no_token_ids", after=1)  # the oracle's edit is captured; its "done" never is
     engine_failed(result, "no prompt_token_ids")
-    assert len(result.turns) == 2
+    assert len(result.turns) == 1
     assert any(f.code == "engine_stopped_ids" and f.severity == "fatal" for f in result.findings)
 
 
