@@ -34,7 +34,7 @@ from swe_gym_env.client.parity import TOLERANCES, load_rollouts, sampling_of, sh
 from swe_gym_env.server.assets import tokenizer_dir
 from swe_gym_env.wire import RolloutResult, RolloutStatus, RolloutSummary, Turn
 
-from helpers import ME, Stack
+from helpers import ME, Stack, rows_match_export
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_PYTHON = REPO / ".trl-venv" / "bin" / "python"
@@ -171,6 +171,7 @@ def live(tmp_path_factory):
         for r in results:
             assert r.ok and r.turns, (r.error, r.phase)
             assert r.logprobs_mode == "processed" and r.capture_level == "tokens", r
+            asyncio.run(rows_match_export(stack, r))
         path = tmp / "rollouts.jsonl"
         path.write_text("".join(r.model_dump_json() + "\n" for r in results))
         yield {"vllm": vllm, "server": server, "model": str(model), "results": results, "file": path, "tmp": tmp}

@@ -13,7 +13,7 @@ import pytest
 from swe_gym_env.client.ws_client import SweGymWSClient, SyncSweGymWSClient
 from swe_gym_env.tasks.catalog import bundled_tasks
 
-from helpers import Stack
+from helpers import Stack, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 
@@ -39,6 +39,8 @@ async def test_rollouts_from_many_tasks_share_one_client(stack):
     assert page.total == len(tasks)
     assert [r.instance_id for r in results] == [t.instance_id for t in tasks[:3]]
     assert all(r.ok and r.reward == 1.0 and r.turns for r in results)
+    for r in results:
+        await rows_match_export(stack, r)
 
 
 async def test_a_timed_out_call_never_hands_its_reply_to_the_next(stack):
