@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from swe_gym_env.server.grading import GradingError, grade
-from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
+from swe_gym_env.server.rollout.workspace import task_spec
+from swe_gym_env.server.sandbox.base import SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import bundled_tasks
 from swe_gym_env.tasks.loaders import DatasetError, load_tasks
@@ -16,9 +17,7 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
     """(verdict, detail): verdict is "ok" or "SURPRISE"."""
     if not task.repo_source and not backend_class(backend).uses_image:
         return "SURPRISE", "no local repository source (this task needs an image-based sandbox)"
-    spec = SandboxSpec(
-        repo_source=task.repo_source or "", base_commit=task.base_commit, workdir=task.workdir, image=task.image
-    )
+    spec = task_spec(task)
     make = lambda: create_sandbox(backend, spec)  # noqa: E731
     try:
         gold = await grade(task, task.patch, make)

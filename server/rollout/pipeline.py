@@ -17,8 +17,8 @@ from swe_gym_env.server.rollout import agent_run
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
-from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup
-from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup, task_spec
+from swe_gym_env.server.sandbox.base import Sandbox, SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.wire import Finding, RolloutRequest, RolloutResult
@@ -109,11 +109,8 @@ class Pipeline:
         try:
             rec.set_phase("boot")
             t = time.monotonic()
-            spec = SandboxSpec(
-                repo_source=task.repo_source or "",
-                base_commit=task.base_commit,
-                workdir=task.workdir,
-                image=task.image,
+            spec = task_spec(
+                task,
                 capture_socket=self.config.capture_socket,
                 ro_mounts=mounts,
                 labels={"rollout": rec.rollout_id, "role": "agent"},
@@ -182,11 +179,8 @@ class Pipeline:
 
         rec.set_phase("grade")
         t = time.monotonic()
-        grading_spec = SandboxSpec(
-            repo_source=task.repo_source or "",
-            base_commit=task.base_commit,
-            workdir=task.workdir,
-            image=task.image,
+        grading_spec = task_spec(
+            task,
             labels={"rollout": rec.rollout_id, "role": "grading"},
             deadline_s=self.config.grading_timeout_s + 120,
         )

@@ -5,13 +5,24 @@ from __future__ import annotations
 import shlex
 
 from swe_gym_env.server.rollout.record import RolloutFailure
-from swe_gym_env.server.sandbox.base import Sandbox, SandboxError
+from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from swe_gym_env.tasks.models import Task
 
 DIFF_LIMIT = 4 * 1024 * 1024
 SETUP_TIMEOUT_S = 600.0
 DIFF_EXCLUDES = "':(exclude)**/__pycache__/**' ':(exclude)*.pyc' ':(exclude).pytest_cache/**'"
 SETUP_SCRIPT = "/tmp/.swe-gym-setup.sh"
+
+
+def task_spec(task: Task, **fields) -> SandboxSpec:
+    """A sandbox for this task: its repository (a host source or the image's own), base commit, workdir, image."""
+    return SandboxSpec(
+        repo_source=task.repo_source or "",
+        base_commit=task.base_commit,
+        workdir=task.workdir,
+        image=task.image,
+        **fields,
+    )
 
 
 async def run_task_setup(sbx: Sandbox, task: Task) -> str:
