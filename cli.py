@@ -19,13 +19,17 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.agents.bundle import ensure_bundle
     from swe_gym_env.server.agents.registry import get_harness
     from swe_gym_env.server.assets import ensure_task_runtime, ensure_tokenizer
 
     ensure_tokenizer()
     ensure_task_runtime()
     for name in args.harness or sorted(HARNESSES):
-        get_harness(name).ensure_installed()
+        h = get_harness(name)
+        h.ensure_installed()
+        b = ensure_bundle(h)  # the agent in any image: its own Node / binaries, content-addressed (idempotent)
+        print(f"{name} {h.version}: bundle {b.path} ({b.bytes / 1e6:.0f} MB)")
     print("setup done")
     return 0
 
@@ -110,7 +114,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         procs.start(server, f"http://127.0.0.1:{server_port}/health", stack=stack, stdout=log, stderr=log)
 
         async def go():
-            async def progress(p: float, total: float | None, message: str | None) -> None:
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
                 if not args.json:
                     print(f"  … {message}", file=sys.stderr, flush=True)
 
@@ -203,10 +207,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.agents.bundle import bundle_status
+    from swe_gym_env.server.agents.registry import get_harness
     from swe_gym_env.server.info import gather_info
 
     _apply_engine_args(args)
-    print(json.dumps(asyncio.run(gather_info(os.environ.get("SWE_GYM_ENGINE_URL"))), indent=2))
+    out = asyncio.run(gather_info(os.environ.get("SWE_GYM_ENGINE_URL")))
+    for name, row in out.get("agents", {}).items():  # per harness: its bundle built or not, and its size
+        row["bundle"] = bundle_status(get_harness(name))
+    print(json.dumps(out, indent=2))
     return 0
 
 

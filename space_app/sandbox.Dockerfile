@@ -1,6 +1,9 @@
-# The rollout sandbox image for HF Sandbox (huggingface_hub.Sandbox.create(image=...)): Node, Pi and OpenCode baked in
-# at the paths the harnesses mount them (/opt/agents/<harness>), so a rollout skips the install. Task repos are
-# copied in per rollout; tasks that need their own image (SWE-Gym's) use that image instead.
+# The rollout sandbox image for HF Sandbox (huggingface_hub.Sandbox.create(image=...)) for tasks without an image of
+# their own; tasks that have one (SWE-Gym's, SWE-bench's) use that image instead. The agent itself does not come from
+# this image: the hf backend uploads the harness's bundle (server/agents/bundle.py: its own Node or binary, checked
+# against its digest inside) to /opt/swe-gym-agent at boot, in this image as in any other; the empty, agent-owned
+# /opt/swe-gym-agent made below lets the non-root user unpack it there. Node, Pi and OpenCode are still baked in at
+# /opt/agents/<harness> for manual use and the image's own test (tests/test_space.py).
 #   docker build -f space_app/sandbox.Dockerfile --network host [--build-arg BASE=...]
 #     $(python -m swe_gym_env.space_app.push build-args) -t swe-gym-env/sandbox .    (one command)
 # The agent versions belong to the harness classes (`version` in server/agents/*.py); `push build-args` passes them
@@ -51,7 +54,7 @@ RUN set -eu; \
     test -f /opt/agents/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js; \
     /opt/agents/opencode/node_modules/opencode-linux-x64/bin/opencode --version
 
-RUN useradd --create-home --uid 1000 agent
+RUN useradd --create-home --uid 1000 agent && install -d -o agent -g agent /opt/swe-gym-agent
 ENV PATH=/usr/local/bin:/usr/bin:/bin OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_PROJECT_CONFIG=1 \
     OPENCODE_DISABLE_FFF=1 PI_OFFLINE=1
 USER agent

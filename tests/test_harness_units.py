@@ -159,10 +159,23 @@ def test_every_table_entry_is_named_for_its_key_and_pinned():
 @pytest.mark.parametrize("cls", [PiHarness, OpenCodeHarness])
 def test_a_missing_install_is_an_install_error(cls, tmp_path, monkeypatch):
     h = cls()
-    monkeypatch.setattr(h, "install_dir", lambda: tmp_path / "absent")
+    monkeypatch.setenv("SWE_GYM_ENV_HOME", str(tmp_path / "absent"))  # no bundle built there
     with pytest.raises(AgentError) as e:
         h.mounts()
-    assert e.value.kind == "install" and "swe-gym-env setup" in str(e.value)
+    assert e.value.kind == "install" and "swe-gym-env setup" in str(e.value) and "bundle" in str(e.value)
+
+
+@pytest.mark.parametrize("cls", [PiHarness, OpenCodeHarness])
+def test_the_command_runs_the_bundles_own_runtime_never_the_images(cls):
+    cmd = cls().command(CFG)
+    run = cmd.splitlines()[-1]
+    assert run.startswith("/opt/swe-gym-agent/"), run  # the bundle's node / binary, by absolute path
+    assert "node " not in run.split("/opt/swe-gym-agent/node/bin/node ", 1)[-1]  # no bare `node` from PATH
+    if cls is PiHarness:
+        assert run.startswith("/opt/swe-gym-agent/node/bin/node /opt/swe-gym-agent/pi/node_modules/")
+        assert "PATH" not in cmd  # the agent's shell commands see the image's PATH untouched
+    else:
+        assert "export PATH=/opt/swe-gym-agent/bin:$PATH" in cmd  # the bundled rg
 
 
 def test_opencode_config_is_offline_pinned_and_keeps_the_key_out_of_argv():

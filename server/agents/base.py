@@ -10,7 +10,7 @@ from typing import ClassVar, Literal, Protocol
 from swe_gym_env.wire import Turn
 
 AGENT_HOME = "/home/agent"
-AGENT_MOUNT = "/opt/agents"
+BUNDLE_MOUNT = "/opt/swe-gym-agent"  # where the harness's bundle (server/agents/bundle.py) is, in every sandbox
 
 
 class AgentError(RuntimeError):
@@ -129,6 +129,21 @@ def npm_install(root: Path, spec: str, entry: Path, extra: tuple[str, ...] = (),
         raise AgentError("install", f"npm install finished but {entry} is missing")
 
 
+@dataclass(frozen=True)
+class NpmArtifact:
+    """One file taken from a pinned npm package (a registry tarball, checked against its sha512 integrity): what an
+    agent bundle (server/agents/bundle.py) takes beyond the harness's own install."""
+
+    package: str
+    version: str
+    integrity: str  # `npm view <package>@<version> dist.integrity`
+    member: str  # the file inside the package tarball
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}@{self.version}"
+
+
 class Harness(Protocol):
     """One agent CLI. Its name is its row in `swe_gym_env.names.HARNESSES`; what it needs of a sandbox is said by
     class attributes (read them, never probe the class with hasattr)."""
@@ -136,14 +151,26 @@ class Harness(Protocol):
     name: ClassVar[str]
     version: ClassVar[str]  # the pinned release: installs, and space_app/sandbox.Dockerfile's build args
     package: ClassVar[str]  # the npm package installed at `version`
-    needs_node: ClassVar[bool]  # the sandbox must bring Node >= 20.6 (else a bootstrap step must add it)
+    needs_node: ClassVar[bool]  # runs on Node (>= 20.6): its bundle carries one, never the image's
     min_context_tokens: ClassVar[int]  # the least engine context it works in: its own prompt + room to act
+    # its bundle (server/agents/bundle.py): what goes in, the image's glibc floor, the boot probe, the JS runtime
+    # inside that can check the digest where the image has no sha256sum
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]]
+    min_glibc: ClassVar[str]  # the highest GLIBC_ symbol version its binaries need (objdump -T)
+    bundle_probe: ClassVar[str]  # run in the bundle's directory at boot: proves the bundle runs in the image
+    bundle_verifier: ClassVar[str | None]
 
     def install_dir(self) -> Path: ...
 
     def ensure_installed(self, log=print) -> Path: ...
 
-    def mounts(self) -> dict[str, str]: ...
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        """Bundle-relative path -> host file or tree (artifacts: npm package name -> its fetched file)."""
+        ...
+
+    def mounts(self) -> dict[str, str]:
+        """{its built bundle's host directory: BUNDLE_MOUNT}; AgentError("install") when it is not built."""
+        ...
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]: ...
 

@@ -1,9 +1,10 @@
 """OpenCode (`opencode-ai`), run headless: `opencode run --format json --title task`, prompt on stdin, JSONL out.
 
-Only the platform binary is installed (`opencode-linux-x64`: one self-contained Bun executable, no install script).
+Only the platform binary is installed (`opencode-linux-x64`: one self-contained Bun executable, no install script,
+needs only glibc). Its bundle holds that binary and a static ripgrep (npm `@vscode/ripgrep-linux-x64`) in `bin/`.
 Offline hygiene, all of it needed (NOTES §3): no models.dev fetch, no project config (a task repo's own
 `opencode.json` would otherwise replace our provider and redirect the agent), the `@opencode-ai/plugin` install
-pre-seeded as already done, every XDG dir and TMPDIR private to the rollout, ripgrep on PATH.
+pre-seeded as already done, every XDG dir and TMPDIR private to the rollout, ripgrep on PATH (the bundle's `bin/`).
 
 Each model call is one `step_start … step_finish` pair in the events; a failed call is an `error` event.
 """
@@ -11,19 +12,19 @@ Each model call is one `step_start … step_finish` pair in the events; a failed
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 from pathlib import Path
+from typing import ClassVar
 
 from swe_gym_env.server.agents.base import (
     AGENT_HOME,
-    AGENT_MOUNT,
+    BUNDLE_MOUNT,
     AgentConfig,
-    AgentError,
     AgentOutcome,
+    NpmArtifact,
     npm_install,
 )
+from swe_gym_env.server.agents.bundle import RIPGREP, require_bundle
 from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"
@@ -36,12 +37,18 @@ UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "
 
 
 class OpenCodeHarness:
-    name = "opencode"
-    version = "1.18.33"
+    name: ClassVar[str] = "opencode"
+    version: ClassVar[str] = "1.18.33"
     # its first prompt is ~7.9k tokens (system prompt + 10 tools): in less it compacts at once, never sees the task
-    min_context_tokens = 12288
-    package = "opencode-linux-x64"
-    needs_node = False  # one self-contained Bun executable
+    min_context_tokens: ClassVar[int] = 12288
+    package: ClassVar[str] = "opencode-linux-x64"
+    needs_node: ClassVar[bool] = False  # one self-contained Bun executable
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
+    min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T); the bundled rg is static
+    # BUN_BE_BUN=1 makes the compiled binary plain Bun: `--version` in ~5 ms (OpenCode's own takes ~1.6 s), and a JS
+    # runtime that can check the digest where the image has no sha256sum
+    bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/opencode --version && ./bin/rg --version >/dev/null"
+    bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/opencode"
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"opencode-{self.version}"
@@ -49,38 +56,17 @@ class OpenCodeHarness:
     def binary(self, root: Path) -> Path:
         return root / "node_modules" / self.package / "bin" / "opencode"
 
-    def _tools_ok(self, root: Path) -> bool:
-        return (root / "bin" / "rg").exists()
-
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
         if not self.binary(root).is_file():
             npm_install(root, f"{self.package}@{self.version}", self.binary(root), log=log)
-        self._link_tools(root)
         return root
 
-    @staticmethod
-    def _link_tools(root: Path) -> None:
-        """`bin/rg` and `bin/fd` beside the binary (Debian names fd `fdfind`); without rg OpenCode downloads it."""
-        bin_dir = root / "bin"
-        bin_dir.mkdir(exist_ok=True)
-        for name, candidates in (("rg", ("rg",)), ("fd", ("fd", "fdfind"))):
-            found = next((p for c in candidates if (p := shutil.which(c))), None)
-            link = bin_dir / name
-            if found is None:
-                if name == "rg":
-                    raise AgentError("install", "ripgrep is missing: `apt-get install ripgrep` (OpenCode needs rg)")
-                continue
-            if not link.exists():
-                os.symlink(os.path.realpath(found), link)
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        return {"bin/opencode": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
 
     def mounts(self) -> dict[str, str]:
-        root = self.install_dir()
-        if not self.binary(root).is_file() or not os.access(self.binary(root), os.X_OK):
-            raise AgentError("install", f"OpenCode {self.version} is not installed at {root}: run `swe-gym-env setup`")
-        if not self._tools_ok(root):
-            raise AgentError("install", f"OpenCode's ripgrep link is missing in {root}/bin: run `swe-gym-env setup`")
-        return {str(root): f"{AGENT_MOUNT}/opencode"}
+        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
         config = {
@@ -120,7 +106,7 @@ class OpenCodeHarness:
         }
 
     def command(self, cfg: AgentConfig) -> str:
-        mount = f"{AGENT_MOUNT}/opencode"
+        mount = BUNDLE_MOUNT
         return (
             f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
             f"export PATH={mount}/bin:$PATH XDG_CONFIG_HOME={HOME}/config XDG_CACHE_HOME={HOME}/cache "
@@ -128,7 +114,7 @@ class OpenCodeHarness:
             "OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_PROJECT_CONFIG=1 OPENCODE_DISABLE_FFF=1 "
             "OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 OPENCODE_DISABLE_SHARE=1\n"
             "unset OPENCODE_CONFIG OPENCODE_CONFIG_CONTENT OPENCODE_CONFIG_DIR\n"
-            f"{mount}/node_modules/{self.package}/bin/opencode run --format json --title task "
+            f"{mount}/bin/opencode run --format json --title task "
             f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {STDERR}"
         )
 

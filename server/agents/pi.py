@@ -2,6 +2,9 @@
 
 Pi exits 0 even when every model call failed; the failure is only in its events (`stopReason: "error"`), so the
 outcome is read from the events, not the exit code.
+
+It runs on its bundle's own Node (`/opt/swe-gym-agent/node/bin/node`), never a `node` from the image: task images
+(SWE-Gym, SWE-bench) have none, and the agent's shell commands keep the image's PATH untouched.
 """
 
 from __future__ import annotations
@@ -9,28 +12,36 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import ClassVar
 
 from swe_gym_env.server.agents.base import (
     AGENT_HOME,
-    AGENT_MOUNT,
+    BUNDLE_MOUNT,
     AgentConfig,
-    AgentError,
     AgentOutcome,
+    NpmArtifact,
     npm_install,
 )
+from swe_gym_env.server.agents.bundle import NODE, require_bundle
 from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
 EVENTS = f"{AGENT_HOME}/pi-events.jsonl"
+CLI = "pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"  # in the bundle
 
 
 class PiHarness:
-    name = "pi"
-    version = "0.73.1"
-    min_context_tokens = 4096  # its first prompt is ~1.5k tokens (4 tools); room for a few steps
-    package = "@mariozechner/pi-coding-agent"
-    needs_node = True
+    name: ClassVar[str] = "pi"
+    version: ClassVar[str] = "0.73.1"
+    min_context_tokens: ClassVar[int] = 4096  # its first prompt is ~1.5k tokens (4 tools); room for a few steps
+    package: ClassVar[str] = "@mariozechner/pi-coding-agent"
+    needs_node: ClassVar[bool] = True
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (NODE,)
+    # Node 22's official binary: GLIBC_2.28 symbols (and libstdc++ >= GCC 5, which the probe would show missing)
+    min_glibc: ClassVar[str] = "2.28"
+    bundle_probe: ClassVar[str] = "./node/bin/node --version"
+    bundle_verifier: ClassVar[str | None] = "./node/bin/node"  # runs VERIFY_JS (sandbox/base.py)
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"pi-{self.version}"
@@ -45,11 +56,11 @@ class PiHarness:
         npm_install(root, f"{self.package}@{self.version}", self.cli_js(root), ("--omit=optional",), log)
         return root
 
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        return {"node/bin/node": artifacts[NODE.package], "pi/node_modules": self.install_dir() / "node_modules"}
+
     def mounts(self) -> dict[str, str]:
-        root = self.install_dir()
-        if not self.cli_js(root).is_file():
-            raise AgentError("install", f"Pi {self.version} is not installed at {root}: run `swe-gym-env setup`")
-        return {str(root): f"{AGENT_MOUNT}/pi"}
+        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
         models = {
@@ -82,7 +93,7 @@ class PiHarness:
             f"export PI_OFFLINE=1 PI_CODING_AGENT_DIR={AGENT_HOME}/.pi/agent XDG_CONFIG_HOME={AGENT_HOME}/.config "
             f"XDG_CACHE_HOME={AGENT_HOME}/.cache XDG_DATA_HOME={AGENT_HOME}/.local/share "
             f"XDG_STATE_HOME={AGENT_HOME}/.local/state\n"
-            f"node {AGENT_MOUNT}/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js -p --mode json "
+            f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{CLI} -p --mode json "
             f"--no-session --model {shlex.quote(PROVIDER + '/' + cfg.model)} "
             f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
         )

@@ -118,6 +118,7 @@ class Pipeline:
             )
             try:
                 sbx = await create_sandbox(req.sandbox, spec)
+                timings.update(bundle=sbx.bundle_s, bundle_bytes=float(sbx.bundle_bytes))  # agent bundle cost (in boot)
                 cfg = AgentConfig(
                     base_url=sbx.capture_base_url or "",
                     model=engine.served_model,

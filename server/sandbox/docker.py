@@ -4,13 +4,14 @@
 - Network: `--network none`; the only way out is the server's capture unix socket mounted at
   /run/swe-gym/capture.sock, to which an in-container relay forwards 127.0.0.1:RELAY_PORT (needs python3 in the
   image: /usr/bin/python3 or SWE-Gym's /opt/miniconda3/bin/python3).
-- Mounts (read-only): the capture socket, the relay script, the agent install (spec.ro_mounts) and, for a task with
+- Mounts (read-only): the capture socket, the relay script, the agent bundle (spec.ro_mounts) and, for a task with
   a local repository, its git bundle (cloned inside at start). Images without a repo source must hold the repo at
   the workdir (SWE-Gym images: /testbed). The host's task runtime (Python venv with pytest, plus the host Python's own
   prefix when it is not under /usr) is mounted and put on PATH only for the default image (built by
   scripts/setup_docker.sh from Debian bookworm, the host's distribution, so host binaries run in it).
-- Node for the agent CLI: with the default image the host's `node` binary is mounted at /usr/local/bin/node (it
-  needs only glibc and libstdc++); a task image must bring its own Node >= 20 (SWE-Gym images have none: not done).
+- The agent in any image: its bundle (server/agents/bundle.py) carries its own runtime (Pi: Node; OpenCode: its
+  binary and ripgrep), so the image needs no Node, curl or pip; boot checks the image's glibc against the bundle's
+  floor and runs the bundle's probe (`check_bundles`: a clear boot error otherwise; the cost is in `bundle_s`).
 - Environment through `--env-file` (never `-e K=V`, which is argv); secrets through a 0600 file in the container.
 - Expiry: the container's main process is `sleep <deadline>` under docker-init with `--rm`, so it removes itself at
   its deadline even if no server is left; labels `swe-gym.server/host/pid/rollout/expires` let a restarted
@@ -161,6 +162,7 @@ class DockerSandbox(SandboxBase):
         try:
             await sbx._start()
             await sbx._prepare()
+            await sbx.check_bundles()
         except BaseException:
             await sbx.close()
             raise
@@ -184,8 +186,6 @@ class DockerSandbox(SandboxBase):
             mounts[str(task_runtime_dir())] = RUNTIME_MOUNT
             if not base.startswith("/usr"):
                 mounts[base] = base
-            if node := shutil.which("node"):  # the host's Node (the agent CLI needs >= 20; bookworm ships 18)
-                mounts[str(Path(node).resolve())] = "/usr/local/bin/node"
         for host, inside in mounts.items():
             args += ["--mount", f"type=bind,source={host},target={inside},readonly"]
         return [*args, self.image, "sleep", str(max(1, math.ceil(spec.deadline_s)))]

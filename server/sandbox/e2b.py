@@ -7,14 +7,19 @@
   and killed (`handle.kill()` plus the whole session by pid file); files through `files.write/read`;
   `get_host(port)` is how a caller reaches a port inside; teardown `kill()`.
 - Orphans: `Sandbox.list(query=SandboxQuery(metadata={server}))` and `Sandbox.kill(sandbox_id)`.
+- The agent: its bundle (a content-addressed tree in spec.ro_mounts) is uploaded as a tarball (streamed from the
+  file), unpacked at its mount path (with `sudo -n` where the template's user cannot create it) and checked against
+  its digest inside, after the image's glibc was checked (`deliver_bundles`). The template needs no Node.
 The SDK is imported on first use; the calls and arguments are pinned by tests/test_sandbox_contracts.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+from pathlib import Path
 
 from swe_gym_env.server.sandbox.base import (
     LABEL_PREFIX,
@@ -74,7 +79,7 @@ def reap_orphans() -> list[str]:
 class E2BSandbox(SandboxBase):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
-    uses_image = needs_image = True  # mapped to an E2B template, which holds the repo and the agents
+    uses_image = needs_image = True  # mapped to an E2B template, which holds the repo; the agent bundle is uploaded
     capture_via_url = True
 
     def __init__(self, spec: SandboxSpec, sbx) -> None:
@@ -109,6 +114,7 @@ class E2BSandbox(SandboxBase):
                 raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
             if spec.secrets:
                 await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+            await self.deliver_bundles()
         except BaseException:
             await self.close()
             raise
@@ -151,6 +157,16 @@ class E2BSandbox(SandboxBase):
         if self._closed:
             raise SandboxError("sandbox is closed")
         return bytes(await self.sbx.files.read(path, format="bytes"))[:limit]
+
+    async def upload(self, local: Path, path: str, mode: int = 0o644) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        f = await asyncio.to_thread(open, local, "rb")  # streamed from the file, not read into memory first
+        try:
+            await self.sbx.files.write(path, f)
+        finally:
+            f.close()
+        await self._run_short(f"chmod {mode:o} '{path}'" if "'" not in path else "true")
 
     async def _teardown(self) -> None:
         try:

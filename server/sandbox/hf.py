@@ -7,6 +7,10 @@
   `run` is not activity, so a sandbox could be shut down under it. Output comes back through `files.read`.
 - Files: `files.write(path, data, mode)` / `files.read(path)`; teardown: `kill()` (`close()` would leave it running).
 - The sandbox reaches the server's public URL (a public Space), whose /capture rejects unknown session keys.
+- The agent: its bundle (a content-addressed tree in spec.ro_mounts) is uploaded as a tarball (`files.upload`,
+  ranged and parallel for large files), unpacked at its mount path and checked against its digest inside, after the
+  image's glibc was checked (`deliver_bundles`). The image needs no Node; its user must be able to create the mount
+  path (root, or a pre-made empty dir as in space_app/sandbox.Dockerfile).
 The SDK is imported on first use; the calls and arguments are pinned by tests/test_sandbox_contracts.py.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from pathlib import Path
 
 from swe_gym_env.server.sandbox.base import (
     LABEL_PREFIX,
@@ -83,7 +88,7 @@ def reap_orphans() -> list[str]:
 class HFSandbox(SandboxBase):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
-    uses_image = needs_image = True  # the repo and the agents come in it (space_app/sandbox.Dockerfile bakes agents)
+    uses_image = needs_image = True  # the repo comes in it; the agent bundle is uploaded at boot
     capture_via_url = True
 
     def __init__(self, spec: SandboxSpec, sbx) -> None:
@@ -129,6 +134,7 @@ class HFSandbox(SandboxBase):
             raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
         if self.spec.secrets:
             await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+        await self.deliver_bundles()
 
     async def _spawn(self, script: str, stdin: bytes | None) -> RemoteProcess:
         pid_id, cmd = detached(script, self.remaining(), stdin is not None)
@@ -157,6 +163,11 @@ class HFSandbox(SandboxBase):
         if self._closed:
             raise SandboxError("sandbox is closed")
         return (await asyncio.to_thread(self.sbx.files.read, path))[:limit]
+
+    async def upload(self, local: Path, path: str, mode: int = 0o644) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        await asyncio.to_thread(self.sbx.files.upload, str(local), path, mode=f"{mode:04o}")
 
     async def _teardown(self) -> None:
         try:

