@@ -20,13 +20,12 @@ class Plugin(NamedTuple):
 
 HARNESSES: dict[str, Plugin] = {
     "pi": Plugin("swe_gym_env.server.agents.pi:PiHarness", "swe-gym-env setup --harness pi"),
-    "opencode": Plugin(
-        "swe_gym_env.server.agents.opencode:OpenCodeHarness", "swe-gym-env setup --harness opencode (and ripgrep)"
-    ),
+    "opencode": Plugin("swe_gym_env.server.agents.opencode:OpenCodeHarness", "swe-gym-env setup --harness opencode"),
 }
 
 SANDBOXES: dict[str, Plugin] = {
     "local": Plugin("swe_gym_env.server.sandbox.local:LocalSandbox", "apt-get install bubblewrap; swe-gym-env setup"),
+    "landlock": Plugin("swe_gym_env.server.sandbox.landlock:LandlockSandbox", "Linux >= 6.12 (Landlock ABI 6)"),
     "docker": Plugin(
         "swe_gym_env.server.sandbox.docker:DockerSandbox", "scripts/setup_docker.sh (docker.io + dockerd)"
     ),
