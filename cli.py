@@ -261,7 +261,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     mod = importlib.import_module(f"swe_gym_env.benchmarks.{args.bench}")
-    kwargs = {"clients": tuple(args.clients.split(","))} if args.bench == "capture" else {}
+    kwargs = {}
+    if args.bench == "capture":
+        kwargs = {"clients": tuple(args.clients.split(",")), "dialects": tuple(args.dialects.split(","))}
     return mod.run(args.json, quick=args.quick, **kwargs)
 
 
@@ -357,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         bp.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
         if name == "capture":
             bp.add_argument("--clients", default="aiohttp", help="upstream clients to compare, e.g. aiohttp,httpx")
+            bp.add_argument("--dialects", default="chat", help="dialects to measure: chat,responses,anthropic,gemini")
     b.set_defaults(func=cmd_bench)
     i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
     i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")

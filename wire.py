@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from swe_gym_env.names import HARNESSES, SANDBOXES
 
@@ -16,6 +16,10 @@ Phase = Literal["validate", "task", "session", "install", "boot", "agent", "diff
 # Built from the one list of names (a Literal built at run time: static checkers see these as unknown)
 Harness: TypeAlias = Literal[*HARNESSES]  # pyright: ignore[reportInvalidTypeForm]
 SandboxBackend: TypeAlias = Literal[*SANDBOXES]  # pyright: ignore[reportInvalidTypeForm]
+# Per harness: the options it takes (`RolloutRequest.harness_options`) and their allowed values.
+HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "pi": {"api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai")},
+}
 
 
 class RolloutRequest(BaseModel):
@@ -35,6 +39,12 @@ class RolloutRequest(BaseModel):
         default="eval", description="`train` refuses engines that do not return token ids with processed logprobs."
     )
     harness: Harness = "pi"
+    harness_options: dict[str, str] = Field(
+        default={},
+        max_length=8,
+        description="Options of the harness, e.g. pi's {'api': 'anthropic-messages'}: the API dialect it speaks to "
+        "/capture (openai-completions, openai-responses, anthropic-messages, google-generative-ai).",
+    )
     sandbox: SandboxBackend = "local"
     mode: Literal["capture", "black_box"] = Field(
         default="capture",
@@ -60,6 +70,16 @@ class RolloutRequest(BaseModel):
     seed: int | None = None
     deadline_s: float = Field(default=600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
 
+    @model_validator(mode="after")
+    def _known_harness_options(self) -> RolloutRequest:
+        known = HARNESS_OPTIONS.get(self.harness, {})
+        for key, value in self.harness_options.items():
+            if key not in known:
+                raise ValueError(f"harness {self.harness!r} has no option {key!r} (it has: {sorted(known) or 'none'})")
+            if value not in known[key]:
+                raise ValueError(f"{self.harness} option {key}={value!r} is not one of {list(known[key])}")
+        return self
+
 
 class Turn(BaseModel):
     """One model call as the engine saw it: the exact ids the trainer must use."""
@@ -73,6 +93,11 @@ class Turn(BaseModel):
     wall_s: float
     request: dict = Field(description="The request as forwarded upstream (messages, tools, sampling).")
     response_message: dict = Field(description="The assistant message returned to the agent.")
+    dialect: str = Field(
+        default="openai-chat",
+        description="The API dialect the agent spoke (openai-chat, openai-responses, anthropic-messages, gemini); "
+        "`request` is the chat-completions request it was translated into, as the engine got it.",
+    )
     parent: int | None = Field(
         default=None, description="Rollout graph: the call whose whole prompt this prompt holds (None: a root)."
     )
@@ -129,6 +154,21 @@ class TestReport(BaseModel):
     fail_to_pass: dict[str, list[str]]
     pass_to_pass: dict[str, list[str]]
     log_tail: str = ""
+    graded_by: Literal["eval_script", "install_config", "repo_parser", "pytest"] = Field(
+        "pytest",
+        description="eval_script: the row's own SWE-bench eval script (swebench make_test_spec); install_config: "
+        "the row's SWE-rebench install_config (its env, test_cmd, parser); repo_parser: the test command with the "
+        "parser swebench maps to the repo; pytest: pytest -rA and swebench's pytest parser.",
+    )
+    parser: str = Field("parse_log_pytest", description="The swebench log parser that read the test output.")
+    junit_cross_check: Literal["match", "mismatch", "not_pytest", "ids_rewritten"] | None = Field(
+        None,
+        description="The parser's verdict per FAIL_TO_PASS/PASS_TO_PASS test against pytest's JUnit report: match, "
+        "mismatch (JUnit passes a test the parser does not; a test the log passes that JUnit does not is a grading "
+        "error, never a result); not_pytest: another runner, graded by its swebench parser alone; ids_rewritten: "
+        "pytest, but the parser rewrites test ids (no per-test comparison).",
+    )
+    environment: str = Field("", description="Where the tests ran: the image's env, a local task venv, or the host's.")
 
 
 class RolloutResult(BaseModel):
@@ -264,6 +304,7 @@ class Capabilities(BaseModel):
     engines: list[str]
     splits: list[str]
     limits: dict[str, int]
+    dialects: list[str] = Field(default=[], description="The API dialects /capture speaks.")
 
 
 class TrainingRow(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from swe_gym_env.server.agents.base import AgentError
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.assets import tokenizer_dir
+from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.certify import certify
 from swe_gym_env.server.sandbox.preflight import preflight_all
 from swe_gym_env.tasks.catalog import split_names, tasks_in
@@ -31,6 +32,11 @@ async def gather_info(engine_url: str | None) -> dict:
         "sandboxes": sandboxes,
         "datasets": datasets,
         "tokenizer": (tokenizer_dir() / "tokenizer.json").is_file(),
+        # the API dialects /capture speaks: their routes (aux: answered on the side, never a turn)
+        "dialects": {
+            name: [f"{m} /capture{r.path}" + (" (aux)" if r.aux else "") for r in d.routes for m in r.methods]
+            for name, d in DIALECTS.items()
+        },
     }
     if engine_url:
         out["engine"] = (await certify(engine_url)).model_dump()

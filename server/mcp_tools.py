@@ -11,6 +11,7 @@ from fastmcp.exceptions import ToolError
 from pydantic import Field
 
 from swe_gym_env.server.agents.registry import HARNESSES
+from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.server.security import ACCESS_REFUSED, access_ok, presented_caller, presented_token, start_refusal
@@ -110,7 +111,8 @@ def build_mcp(service: RolloutService) -> FastMCP:
         return service.cancel(rollout_id)
 
     async def capabilities() -> Capabilities:
-        """What this server offers: harnesses, sandbox backends, engine names, task splits, limits."""
+        """What this server offers: harnesses, sandbox backends, engine names, task splits, limits, and the API
+        dialects /capture speaks."""
         return Capabilities(
             version=version("swe_gym_env"),
             harnesses=sorted(HARNESSES),
@@ -121,6 +123,7 @@ def build_mcp(service: RolloutService) -> FastMCP:
                 **{f"concurrent_{k}": v for k, v in service.config.concurrency.items()},
                 "max_queue": service.config.max_queue,
             },
+            dialects=list(DIALECTS),
         )
 
     for fn, name in [

@@ -535,6 +535,90 @@ async def test_capture_normalises_empty_tools_and_reports_unknown_models(vllm_ur
     assert [f.code for f in session.findings if f.severity == "fatal"] == ["no_model_calls"]
 
 
+# --------------------------------------------------------------------------------------------------------------
+# f) every dialect on the real vLLM: Pi on each of its four APIs; the translated requests' ids are vLLM's own
+
+DIALECT_FIXTURES = REPO / "tests" / "fixtures" / "dialects"
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(vllm_url):
+    """The server (capture, pipeline, local sandbox) with the real vLLM as its engine."""
+    from helpers import Stack
+
+    s = Stack("noop", engine_up=False, server_engine_url=f"{vllm_url}/v1")
+    yield s
+    s.stop()
+
+
+async def _tokenize_request(v: httpx.AsyncClient, request: dict) -> list[int]:
+    body = {"model": MODEL, "messages": request["messages"]}
+    if request.get("tools"):
+        body["tools"] = request["tools"]
+    r = await v.post("/tokenize", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+@pytest.mark.usefixtures("need_pi")
+@pytest.mark.parametrize(
+    "api", ["openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"]
+)
+async def test_pi_on_every_api_gets_vllms_own_prompt_ids(vllm_url, vllm_stack, api):
+    from swe_gym_env.client.mcp_client import SweGymClient
+    from swe_gym_env.server.agents.pi_apis import PI_APIS
+
+    async with SweGymClient(vllm_stack.mcp_url) as c:
+        result = await c.run_rollout(
+            harness="pi", harness_options={"api": api}, max_tokens=48, max_model_calls=3, seed=11, deadline_s=400
+        )
+    assert result.turns, result.error  # the 135M model need not solve anything: its calls must be captured
+    assert {t.dialect for t in result.turns} == {PI_APIS[api]}
+    async with vllm_client(vllm_url) as v:
+        for t in result.turns:
+            assert t.prompt_token_ids == await _tokenize_request(v, t.request), f"turn {t.index} ({api})"
+            assert len(t.completion_token_ids) == len(t.logprobs) > 0 and all(lp <= 0 for lp in t.logprobs)
+    print(f"pi/{api}: {len(result.turns)} turns, ok={result.ok}, reward={result.reward}, {result.cross_check}")
+
+
+@pytest.mark.parametrize("api", ["openai-responses", "anthropic-messages", "google-generative-ai"])
+async def test_each_dialect_streamed_and_whole_gives_the_same_ids_on_real_vllm(vllm_url, api):
+    """Pi's first recorded request in each translated dialect, streamed and not, seeded: the same ids both ways."""
+    from swe_gym_env.server.agents.pi import PiHarness
+    from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+
+    doc = json.loads((DIALECT_FIXTURES / f"pi-{PiHarness.version}-{api}-tools.json").read_text())
+    call = doc["calls"][0]
+    path = call["path"].removeprefix("/capture")
+    if api == "google-generative-ai":
+        variants = [
+            (path + "?alt=sse", call["body"]),
+            (path.replace(":streamGenerateContent", ":generateContent"), call["body"]),
+        ]
+    else:
+        variants = [(path, call["body"]), (path, {**call["body"], "stream": False})]
+    proxy = CaptureProxy()
+    session, key = proxy.open_session(
+        EngineTarget(f"{vllm_url}/v1", MODEL), max_calls=5, max_tokens=24, sampling={"seed": 7, "temperature": 1.0}
+    )
+    transport = httpx.ASGITransport(app=proxy.app())
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://capture", headers={"authorization": f"Bearer {key}"}, timeout=300
+    ) as c:
+        for p, body in variants:
+            r = await c.post(p, json=body)
+            assert r.status_code == 200, r.text
+    proxy.close_session(session)
+    await proxy.aclose()
+    streamed, whole = session.turns
+    assert streamed.streamed and not whole.streamed
+    assert streamed.prompt_token_ids == whole.prompt_token_ids
+    assert streamed.completion_token_ids == whole.completion_token_ids, "seeded stream ids differ from whole ids"
+    assert streamed.logprobs == pytest.approx(whole.logprobs, abs=1e-3)
+    async with vllm_client(vllm_url) as v:
+        assert whole.prompt_token_ids == await _tokenize_request(v, whole.request)
+
+
 @pytest.fixture(scope="module")
 def raw_vllm_url(tmp_path_factory):
     """A second vLLM that reports raw logprobs (vLLM's default), to prove `train` refuses it."""

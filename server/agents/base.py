@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol
@@ -50,6 +51,7 @@ class AgentConfig:
     model: str
     context_window: int
     max_tokens: int
+    options: Mapping[str, str] = field(default_factory=dict)  # the rollout's harness_options (checked in wire)
 
 
 Verdict = Literal["match", "mismatch", "none"]

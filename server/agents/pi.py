@@ -23,6 +23,7 @@ from swe_gym_env.server.agents.base import (
     npm_install,
 )
 from swe_gym_env.server.agents.bundle import NODE, require_bundle
+from swe_gym_env.server.agents.pi_apis import DEFAULT_API, capture_tool_call_id, pi_provider
 from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
@@ -63,21 +64,9 @@ class PiHarness:
         return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
-        models = {
-            "providers": {
-                PROVIDER: {
-                    "baseUrl": f"{cfg.base_url}/v1",
-                    "api": "openai-completions",
-                    "apiKey": KEY_ENV,
-                    "compat": {
-                        "supportsStore": False,
-                        "supportsDeveloperRole": False,
-                        "supportsReasoningEffort": False,
-                    },
-                    "models": [{"id": cfg.model, "contextWindow": cfg.context_window, "maxTokens": cfg.max_tokens}],
-                }
-            }
-        }
+        api = cfg.options.get("api", DEFAULT_API)
+        provider = pi_provider(api, cfg.base_url, KEY_ENV, cfg.model, cfg.context_window, cfg.max_tokens)
+        models = {"providers": {PROVIDER: provider}}
         settings = {"enableInstallTelemetry": False, "quietStartup": True, "compaction": {"enabled": False}}
         agent_dir = f"{AGENT_HOME}/.pi/agent"
         return {
@@ -120,8 +109,12 @@ class PiHarness:
             usage = msg.get("usage") or {}
             parts = msg.get("content")
             parts = parts if isinstance(parts, list) else []
-            calls = tuple(str(p.get("id")) for p in parts if isinstance(p, dict) and p.get("type") == "toolCall")
-            out.add_step(usage["output"] if isinstance(usage.get("output"), int) else None, calls)
+            ids = [p.get("id") for p in parts if isinstance(p, dict) and p.get("type") == "toolCall"]
+            calls = tuple(capture_tool_call_id(str(i)) for i in ids)  # Responses ids are "<call_id>|<item id>"
+            # 0 output tokens: Pi never saw usage (its Responses client ignores `response.incomplete`, the event the
+            # API ends a reply cut at max_output_tokens with): not reported, rather than a count that disagrees
+            n = usage.get("output")
+            out.add_step(n if isinstance(n, int) and n > 0 else None, calls)
         if errors and out.model_calls == 0:
             low = errors[-1].lower()
             out.error_kind = (

@@ -15,16 +15,23 @@ Adding a dialect (OpenAI Responses, Anthropic Messages, …) takes one module an
 
 1. ``server/capture/<name>.py``: a `Dialect` subclass (and a `DialectStream` for its streamed replies) that maps its
    request shape onto an engine chat-completions body and the engine's replies back onto its own shape
-   (`openai_chat.ChatDialect` is the reference; subclass it when only the agent-facing side differs);
+   (`openai_chat.ChatDialect` is the reference; subclass it when only the agent-facing side differs;
+   `translated.TranslatedDialect` is the base of the dialects that translate to and from chat completions);
 2. ``server/capture/registry.py``: its entry in `DIALECTS` (and the import). `CaptureProxy.app` serves each route.
+
+A dialect can also serve auxiliary routes (`DialectRoute.aux`: token counting, model lists): calls an agent makes on
+the side that are not model calls. `Dialect.answer_aux` answers them (through the engine's ``/tokenize`` where it
+needs token counts); the proxy records each as a session event and counts them in an ``aux_call`` finding, never as
+a turn.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -55,6 +62,7 @@ class CapturedCall:
 class DialectRoute:
     path: str  # under the capture mount, e.g. "/v1/chat/completions"
     methods: tuple[str, ...] = ("POST",)
+    aux: str | None = None  # an auxiliary route (not a model call): the name `Dialect.answer_aux` knows it by
 
 
 @dataclass
@@ -65,6 +73,27 @@ class AgentRequest:
     stream: bool  # the agent wants SSE
     include_usage: bool  # ... with a final usage event
     model: Any  # the model name the agent asked for (answered back to it; the engine gets the served model)
+    state: dict = field(default_factory=dict)  # the dialect's own per-call state (e.g. the agent's original request)
+    # translation losses found while answering (set by the proxy to the session's counter; reported as findings)
+    rewrites: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class AuxCall:
+    """An auxiliary call (a `DialectRoute` with ``aux``), as the proxy hands it to its dialect."""
+
+    route: DialectRoute
+    body: Any  # the decoded JSON body (None for a GET)
+    params: Mapping[str, str]  # path parameters
+    served_model: str  # the session's engine model
+    tokenize: Callable[[dict], Awaitable[list[int] | None]]  # the engine's /tokenize of a chat body (None: no such)
+
+
+@dataclass
+class AuxAnswer:
+    status: int
+    body: dict
+    how: str  # how it was answered, for the session's aux finding (e.g. "answered via the engine's /tokenize")
 
 
 def sse(data: dict | str) -> bytes:
@@ -105,6 +134,22 @@ class Dialect(ABC):
     name: str
     routes: tuple[DialectRoute, ...]
     upstream_path: str = "/chat/completions"  # under the engine's base URL (which ends with /v1)
+    key_headers: tuple[str, ...] = ()  # headers carrying the session key besides Authorization and x-api-key
+    relays_engine: bool = True  # passthrough (black-box) sessions relay the engine's own bytes (its wire format)
+
+    def read_request(self, body: Any, route: DialectRoute, params: Mapping[str, str]) -> AgentRequest:
+        """The agent's request on one of its routes (path and query parameters in ``params``); `parse_request`
+        unless the route says something the body does not (Gemini's model and streaming are in its path)."""
+        return self.parse_request(body)
+
+    def read_reply(self, request: AgentRequest, data: Any, capture: bool = True) -> CapturedCall:
+        """A whole engine reply to ``request``; without ``capture`` (black-box sessions of dialects that do not relay
+        the engine's bytes) the message only, no ids."""
+        return self.call_from_reply(data)
+
+    async def answer_aux(self, call: AuxCall) -> AuxAnswer:
+        """An auxiliary call on one of its aux routes."""
+        raise DialectError(404, f"{self.name} has no auxiliary route {call.route.aux!r}")
 
     @abstractmethod
     def parse_request(self, body: Any) -> AgentRequest:

@@ -7,8 +7,11 @@ linked into the rollout graph, written to the durable store, and only then answe
 engine's stream is forwarded chunk by chunk as it arrives (time to first token is the engine's) and the end of the
 reply is held until the call is stored.
 
-Agent-facing: one route per route of each registered dialect (`registry.DIALECTS`; today
-``POST /capture/v1/chat/completions``), the only routes a sandbox can reach. Admin: see `admin`.
+Agent-facing: one route per route of each registered dialect (`registry.DIALECTS`: OpenAI chat completions and
+Responses, Anthropic Messages, Gemini), the only routes a sandbox can reach. Auxiliary routes (token counting, model
+lists) are answered by their dialect and recorded as session events and an ``aux_call`` finding, never as turns.
+Each turn records the dialect the agent spoke (`Turn.dialect`) and the engine request it was translated into.
+Admin: see `admin`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import secrets
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -28,11 +32,19 @@ from starlette.routing import Route
 
 from swe_gym_env.server.capture import export as exporting
 from swe_gym_env.server.capture.admin import AdminApi
-from swe_gym_env.server.capture.dialect import AgentRequest, CapturedCall, Dialect, DialectError
+from swe_gym_env.server.capture.dialect import AgentRequest, AuxCall, CapturedCall, Dialect, DialectError, DialectRoute
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
 from swe_gym_env.server.capture.store import CaptureStore
-from swe_gym_env.server.capture.streaming import agent_error, check_reply, fail, passthrough, post, stream_through
+from swe_gym_env.server.capture.streaming import (
+    agent_error,
+    check_reply,
+    engine_headers,
+    fail,
+    passthrough,
+    post,
+    stream_through,
+)
 from swe_gym_env.server.capture.upstream import Upstream, UpstreamError, make_upstream
 from swe_gym_env.server.security import bearer
 from swe_gym_env.wire import Finding, Turn
@@ -65,6 +77,7 @@ class CaptureProxy:
         self.store = store
         self._upstream = upstream
         self.dialects = dict(DIALECTS if dialects is None else dialects)
+        self._aux: dict[str, Counter] = {}  # per open session: (route, how it was answered) -> auxiliary calls
         claimed: dict[tuple[str, str], str] = {}
         for name, dialect in self.dialects.items():
             for route in dialect.routes:
@@ -123,7 +136,7 @@ class CaptureProxy:
         for h, s in list(self._by_key.items()):
             if s is session:
                 del self._by_key[h]
-        self._finalize(session)
+        self._finalize(session, self._aux.pop(session.id, Counter()))
         if self.store is not None:
             self.store.close_session(
                 session.id,
@@ -136,9 +149,13 @@ class CaptureProxy:
         session.publish({"type": "closed", "session": session.id, "turns": len(session.turns)})
 
     @staticmethod
-    def _finalize(session: CaptureSession) -> None:
+    def _finalize(session: CaptureSession, aux_calls: Counter | None = None) -> None:
         for what, n in session.rewrites.items():
             session.findings.append(Finding(severity="info", code="rewrite", message=f"{what} ({n} calls)"))
+        for (route, how), n in (aux_calls or Counter()).items():
+            session.findings.append(
+                Finding(severity="info", code="aux_call", message=f"{route}: {how}; not a turn ({n} calls)")
+            )
         for call, message in session.failures[:MAX_FAILURE_FINDINGS]:
             session.findings.append(
                 Finding(severity="warning", code="engine_failure", message=f"model call {call} failed: {message}")
@@ -186,19 +203,19 @@ class CaptureProxy:
             self._upstream = make_upstream()
         return self._upstream
 
-    def _session_for(self, request: Request) -> CaptureSession | None:
+    def _session_for(self, request: Request, dialect: Dialect | None = None) -> CaptureSession | None:
         key = bearer(request.headers.get("authorization")) or request.headers.get("x-api-key", "")
+        for header in dialect.key_headers if dialect is not None else ():
+            key = key or request.headers.get(header, "")
         if not key:
             return None
         s = self._by_key.get(_hash(key))
         return None if s is None or s.closed else s
 
     # -- the agent-facing routes ------------------------------------------------------------------------------
-    async def handle(self, dialect: Dialect, request: Request) -> Response:
-        """One model call, in ``dialect``: authenticate, read, budget, forward with capture, record, answer."""
-        session = self._session_for(request)
-        if session is None:
-            return agent_error(dialect, 401, "unknown or closed capture key")
+    @staticmethod
+    async def _body(dialect: Dialect, request: Request) -> Any:
+        """The request's decoded JSON body, or the error `Response` to answer instead."""
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
             return agent_error(dialect, 413, f"request body over {MAX_BODY_BYTES} bytes")
@@ -206,13 +223,24 @@ class CaptureProxy:
         if len(raw) > MAX_BODY_BYTES:
             return agent_error(dialect, 413, f"request body over {MAX_BODY_BYTES} bytes")
         try:
-            body = orjson.loads(raw)
+            return orjson.loads(raw)
         except ValueError:
             return agent_error(dialect, 400, "request body is not valid JSON")
+
+    async def handle(self, dialect: Dialect, request: Request, route: DialectRoute | None = None) -> Response:
+        """One model call, in ``dialect``: authenticate, read, budget, forward with capture, record, answer."""
+        session = self._session_for(request, dialect)
+        if session is None:
+            return agent_error(dialect, 401, "unknown or closed capture key")
+        body = await self._body(dialect, request)
+        if isinstance(body, Response):
+            return body
         try:
-            req = dialect.parse_request(body)
+            params = {**request.query_params, **request.path_params}
+            req = dialect.read_request(body, route or dialect.routes[0], params)
         except DialectError as e:
             return agent_error(dialect, e.status, e.message)
+        req.rewrites = session.rewrites  # losses found while answering are the session's findings
         if session.stop_reason == "engine_failures":  # the session gave up on its engine: fail at once
             return agent_error(
                 dialect, 503, f"capture session stopped after {session.consecutive_failures} failed calls in a row"
@@ -224,7 +252,9 @@ class CaptureProxy:
         session.calls += 1
         session.last_call_at = time.time()
         if session.passthrough:
-            return await passthrough(self.upstream, session, dialect, req)
+            if dialect.relays_engine:
+                return await passthrough(self.upstream, session, dialect, req)
+            return await self._black_box(session, dialect, req)
         through = req.stream and session.stream_through
         up, rewrites = dialect.upstream_body(
             req,
@@ -243,13 +273,80 @@ class CaptureProxy:
             return await stream_through(self.upstream, session, dialect, req, up, record)
         try:
             status, data = await post(self.upstream, session, dialect.upstream_path, up)
-            call = dialect.call_from_reply(check_reply(status, data))
+            call = dialect.read_reply(req, check_reply(status, data))
             self._record(session, dialect, up, call, streamed=req.stream, wall=time.monotonic() - t0)
         except UpstreamError as e:
             return fail(session, dialect, 504 if e.timeout else 502, str(e))
         except DialectError as e:
             return fail(session, dialect, e.status, e.message, e.code)
         return self._answer(dialect, req, call.message, call.finish_reason, call.usage)
+
+    async def _black_box(self, session: CaptureSession, dialect: Dialect, req: AgentRequest) -> Response:
+        """A black-box call in a dialect that does not relay the engine's bytes: the translated request without
+        capture fields, the engine's whole reply translated back. Nothing is captured."""
+        up, rewrites = dialect.upstream_body(
+            req,
+            served_model=session.engine.served_model,
+            max_tokens=session.max_tokens,
+            sampling={},
+            stream=False,
+            capture=False,
+        )
+        session.rewrites.update(rewrites)
+        try:
+            status, data = await post(self.upstream, session, dialect.upstream_path, up)
+            call = dialect.read_reply(req, check_reply(status, data), capture=False)
+        except UpstreamError as e:
+            return fail(session, dialect, 504 if e.timeout else 502, str(e))
+        except DialectError as e:
+            return fail(session, dialect, e.status, e.message, e.code)
+        session.consecutive_failures = 0
+        session.publish({"type": "call", "session": session.id, "call": session.calls, "status": 200})
+        return self._answer(dialect, req, call.message, call.finish_reason, call.usage)
+
+    async def handle_aux(self, dialect: Dialect, route: DialectRoute, request: Request) -> Response:
+        """An auxiliary call (token counting, a model list): answered by its dialect, recorded as a session event and
+        counted in the session's ``aux_call`` finding; never a turn, never against the budget."""
+        session = self._session_for(request, dialect)
+        if session is None:
+            return agent_error(dialect, 401, "unknown or closed capture key")
+        body = None
+        if request.method not in ("GET", "HEAD"):
+            body = await self._body(dialect, request)
+            if isinstance(body, Response):
+                return body
+        what = f"{request.method} {route.path}"
+        counts = self._aux.setdefault(session.id, Counter())
+        call = AuxCall(
+            route,
+            body,
+            dict(request.path_params),
+            session.engine.served_model,
+            lambda chat: self._tokenize(session, chat),
+        )
+        try:
+            answer = await dialect.answer_aux(call)
+        except DialectError as e:
+            counts[(what, f"answered with an error ({e.status})")] += 1
+            session.publish({"type": "aux", "session": session.id, "route": what, "status": e.status})
+            return agent_error(dialect, e.status, e.message)
+        counts[(what, answer.how)] += 1
+        session.publish({"type": "aux", "session": session.id, "route": what, "status": answer.status})
+        return _json(answer.body, answer.status)
+
+    async def _tokenize(self, session: CaptureSession, chat: dict) -> list[int] | None:
+        """The engine's own prompt ids for a chat body (vLLM's ``/tokenize``, beside ``/v1``); None when it has
+        none."""
+        root = session.engine.base_url.removesuffix("/").removesuffix("/v1")
+        body = {"model": session.engine.served_model, **chat}
+        try:
+            status, data = await self.upstream.post(
+                f"{root}/tokenize", body, engine_headers(session.engine), min(session.call_timeout_s, 60.0)
+            )
+            tokens = orjson.loads(data).get("tokens") if status == 200 else None
+        except (UpstreamError, ValueError, AttributeError):
+            return None
+        return tokens if isinstance(tokens, list) else None
 
     @staticmethod
     def _answer(dialect: Dialect, req: AgentRequest, message: dict, finish: str | None, usage: dict | None) -> Response:
@@ -285,6 +382,7 @@ class CaptureProxy:
                     wall_s=round(wall, 4),
                     request=up,
                     response=call.message,
+                    dialect=dialect.name,
                 )
             except Exception as e:  # never answer a call we could not keep
                 raise DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
@@ -299,6 +397,7 @@ class CaptureProxy:
             wall_s=round(wall, 4),
             request=up,
             response_message=call.message,
+            dialect=dialect.name,
             parent=node.parent,
             relation=node.relation,
             retry_of=node.retry_of,
@@ -312,6 +411,7 @@ class CaptureProxy:
                 "type": "turn",
                 "session": session.id,
                 "index": index,
+                "dialect": dialect.name,
                 "parent": node.parent,
                 "relation": node.relation,
                 "retry_of": node.retry_of,
@@ -343,9 +443,11 @@ class CaptureProxy:
         return exporting.export_stored(self.store, session_id) if s is None else exporting.export_live(s)
 
     # -- the app ----------------------------------------------------------------------------------------------
-    def _endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+    def _endpoint(self, dialect: Dialect, route: DialectRoute) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            return await self.handle(dialect, request)
+            if route.aux is not None:
+                return await self.handle_aux(dialect, route, request)
+            return await self.handle(dialect, request, route)
 
         return endpoint
 
@@ -353,7 +455,9 @@ class CaptureProxy:
         """The agent-facing routes, one per dialect route; with ``admin`` also the session API (never served to
         sandboxes)."""
         routes = [
-            Route(r.path, self._endpoint(d), methods=list(r.methods)) for d in self.dialects.values() for r in d.routes
+            Route(r.path, self._endpoint(d, r), methods=list(r.methods))
+            for d in self.dialects.values()
+            for r in d.routes
         ]
         if admin:
             routes += AdminApi(self).routes()

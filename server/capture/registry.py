@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from swe_gym_env.server.capture.anthropic_messages import AnthropicDialect
 from swe_gym_env.server.capture.dialect import Dialect
+from swe_gym_env.server.capture.gemini import GeminiDialect
 from swe_gym_env.server.capture.openai_chat import ChatDialect
+from swe_gym_env.server.capture.openai_responses import ResponsesDialect
 
 DIALECTS: dict[str, Dialect] = {
     "openai-chat": ChatDialect(),
+    "openai-responses": ResponsesDialect(),
+    "anthropic-messages": AnthropicDialect(),
+    "gemini": GeminiDialect(),
 }

@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS calls (
     new_messages TEXT NOT NULL,      -- JSON list: the rest
     request TEXT NOT NULL,           -- JSON: the upstream request without messages
     response TEXT NOT NULL,          -- JSON: the assistant message returned to the agent
+    dialect TEXT NOT NULL DEFAULT 'openai-chat',  -- the API dialect the agent spoke
     PRIMARY KEY (session_id, idx)
 );
 """
@@ -68,6 +69,8 @@ class CaptureStore:
         columns = {r[1] for r in self.db.execute("PRAGMA table_info(sessions)")}
         if "demoted" not in columns:  # a store written before demotions were kept
             self.db.execute("ALTER TABLE sessions ADD COLUMN demoted TEXT NOT NULL DEFAULT '[]'")
+        if "dialect" not in {r[1] for r in self.db.execute("PRAGMA table_info(calls)")}:  # before dialects were kept
+            self.db.execute("ALTER TABLE calls ADD COLUMN dialect TEXT NOT NULL DEFAULT 'openai-chat'")
         self._last_messages: dict[str, list[bytes]] = {}
 
     def close(self) -> None:
@@ -90,6 +93,7 @@ class CaptureStore:
         wall_s: float,
         request: dict,
         response: dict,
+        dialect: str = "openai-chat",
     ) -> None:
         """One call, as the rollout graph linked it (its prompt is stored after the prefix it shares)."""
         messages = request.get("messages") or []
@@ -100,7 +104,7 @@ class CaptureStore:
             keep += 1
         self._last_messages[session_id] = digests
         self.db.execute(
-            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 node.index,
@@ -117,6 +121,7 @@ class CaptureStore:
                 json.dumps(messages[keep:]),
                 json.dumps({k: v for k, v in request.items() if k != "messages"}),
                 json.dumps(response),
+                dialect,
             ),
         )
 
@@ -153,10 +158,10 @@ class CaptureStore:
         messages: list[Any] = []
         for r in self.db.execute(
             "SELECT idx, at, base, shared, prompt_rest, completion, logprobs, finish_reason, streamed, wall_s, "
-            "keep_messages, new_messages, request, response FROM calls WHERE session_id = ? ORDER BY idx",
+            "keep_messages, new_messages, request, response, dialect FROM calls WHERE session_id = ? ORDER BY idx",
             (session_id,),
         ):
-            idx, at, base, shared, rest, comp, lps, finish, streamed, wall, keep, new, request, response = r
+            idx, at, base, shared, rest, comp, lps, finish, streamed, wall, keep, new, request, response, dialect = r
             head = seqs[base][:shared] if base is not None else np.empty(0, np.int32)
             prompt = np.concatenate([head, np.frombuffer(rest, np.int32)])
             completion = np.frombuffer(comp, np.int32)
@@ -176,6 +181,7 @@ class CaptureStore:
                     "wall_s": wall,
                     "request": {**json.loads(request), "messages": list(messages)},
                     "response_message": json.loads(response),
+                    "dialect": dialect,
                 }
             )
         return {

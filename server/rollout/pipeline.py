@@ -124,6 +124,7 @@ class Pipeline:
                     model=engine.served_model,
                     context_window=context,
                     max_tokens=req.max_tokens,
+                    options=dict(req.harness_options),
                 )
                 prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)
                 for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
