@@ -1,6 +1,10 @@
 """The server app: /capture (capture proxy), /mcp (MCP tools), /health.
 
-Sandboxes reach the capture proxy through a unix socket that serves /capture and nothing else.
+Sandboxes reach the capture proxy through a unix socket that serves /capture and nothing else, or (backends without
+a network namespace, e.g. `landlock`) through a loopback TCP port that serves the same capture-only app. Both are
+started with the server, always: the TCP listener costs one idle socket, exposes nothing the main port does not
+(/capture there too, and every call needs a session key), and its port is written beside the socket (`capture.port`)
+so a backend finds it from `SandboxSpec.capture_socket` alone.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -22,6 +27,7 @@ from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.registry import reap_forever
 from swe_gym_env.server.security import BodySizeLimit
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
@@ -30,21 +36,42 @@ from swe_gym_env.wire import RolloutStatus
 CAPTURE_DIR_PREFIX = "swe-gym-capture-"
 
 
-async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
+async def _serve_capture(
+    capture: CaptureProxy, where: str, uds: str | None, sock: socket.socket | None
+) -> uvicorn.Server:
     app = Starlette(routes=[Mount("/capture", app=capture.app(admin=False))])  # sandboxes reach nothing else
-    server = uvicorn.Server(
-        uvicorn.Config(app, uds=str(socket_path), log_level="warning", lifespan="off", access_log=False)
-    )
+    server = uvicorn.Server(uvicorn.Config(app, uds=uds, log_level="warning", lifespan="off", access_log=False))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
     for _ in range(200):
         if server.started or task.done():
             break
         await asyncio.sleep(0.01)
     if not server.started:
-        raise RuntimeError(f"capture socket server did not start at {socket_path}")
+        raise RuntimeError(f"capture server did not start at {where}")
     server._task = task  # type: ignore[attr-defined]
     return server
+
+
+async def _serve_capture_socket(capture: CaptureProxy, socket_path: Path) -> uvicorn.Server:
+    return await _serve_capture(capture, str(socket_path), str(socket_path), None)
+
+
+async def _serve_capture_tcp(capture: CaptureProxy, port_file: Path) -> uvicorn.Server:
+    """The capture-only app on 127.0.0.1:<free port>, for sandboxes that share the host's network stack (their
+    confinement lets them connect to this one port on loopback); the port goes to `port_file`."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = await _serve_capture(capture, f"127.0.0.1:{port}", None, sock)
+    port_file.write_text(f"{port}\n")  # noqa: ASYNC240 - one tiny write at start
+    return server
+
+
+async def _stop(server: uvicorn.Server) -> None:
+    server.should_exit = True
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(server._task, 5)  # type: ignore[attr-defined]
 
 
 def create_app(config: ServerConfig) -> FastAPI:
@@ -63,6 +90,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)
+        tcp = await _serve_capture_tcp(capture, sock_dir / CAPTURE_PORT_FILE)
         warm = asyncio.create_task(asyncio.to_thread(load_swebench))
         app.state.warm = warm
         reaper = asyncio.create_task(reap_forever())  # sandboxes of dead servers, and ours past their deadline
@@ -72,9 +100,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         finally:
             warm.cancel()
             reaper.cancel()
-            uds.should_exit = True
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(uds._task, 5)  # type: ignore[attr-defined]
+            await asyncio.gather(_stop(uds), _stop(tcp))
             await capture.aclose()
             if capture.store is not None:
                 capture.store.close()

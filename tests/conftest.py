@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,9 @@ from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+REPO = Path(__file__).resolve().parent.parent
+BASE_IMAGE = os.environ.get("SWE_GYM_DOCKER_IMAGE", "swe-gym-env/base:bookworm")  # made by scripts/setup_docker.sh
+SPACE_IMAGE = "swe-gym-env/space:test"
 
 
 def require(ok: bool, why: str) -> None:
@@ -63,3 +68,25 @@ def need_docker() -> None:
         r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=1200)
         ok, why = preflight() if r.returncode == 0 else (False, f"setup_docker.sh failed: {r.stderr[-500:]}")
     require(ok and "MISSING" not in why, f"docker sandbox unavailable: {why}")
+
+
+def docker_ready() -> bool:
+    """A docker CLI and daemon with the local base image the Space image builds from."""
+    if shutil.which("docker") is None:
+        return False
+    ok = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, timeout=30)
+    return ok.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def space_image() -> str:
+    """The Space image (the repo's Dockerfile), built once per test run (it takes minutes) for every test that runs
+    it: tests/test_space.py (health, uid, tools) and tests/test_sandbox_landlock.py (sandboxes inside it)."""
+    require(docker_ready(), f"no docker daemon with {BASE_IMAGE}: run `bash scripts/setup_docker.sh`")
+    argv = ["docker", "build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}", "-t", SPACE_IMAGE]
+    extra_ca = "".join(p.read_text() for p in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")))
+    if extra_ca:  # this machine's TLS-intercepting egress proxy: the build must trust its CA to reach PyPI and npm
+        argv += ["--build-arg", f"EXTRA_CA_CERT={extra_ca}"]
+    build = subprocess.run([*argv, str(REPO)], capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    return SPACE_IMAGE

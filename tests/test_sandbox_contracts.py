@@ -2,10 +2,17 @@
 
 Every call the backend makes is bound with `inspect.signature` of the real method (`**opts: Unpack[TypedDict]`
 keys are checked against the TypedDict), and any attribute the real class lacks raises: a call or argument the real
-API does not have fails the test. The recorded calls pin what the backend sends."""
+API does not have fails the test. The recorded calls pin what the backend sends.
 
+The host backends (`local`, `landlock`) run for real against the same protocol contract at the end."""
+
+import asyncio
 import inspect
+import os
+import re
+import tarfile
 import typing
+from pathlib import Path
 
 import e2b
 import huggingface_hub
@@ -15,14 +22,32 @@ from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
 from e2b.sandbox_async.filesystem.filesystem import Filesystem
 from huggingface_hub._sandbox import SandboxFiles, SandboxProcess
 
+from swe_gym_env.server.agents.bundle import _seal
 from swe_gym_env.server.sandbox import remote
-from swe_gym_env.server.sandbox.base import SandboxSpec
+from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 
 pytestmark = pytest.mark.anyio
 REAL_HF = huggingface_hub.Sandbox  # before any monkeypatch
 REAL_E2B = e2b.AsyncSandbox
 calls: list[tuple[str, dict]] = []
+scripts: dict[str, str] = {}  # detached process id -> the command it ran (to script its output)
+GLIBC = {"version": "glibc 2.35"}  # what the fake image's glibc probe prints
+
+
+def note_script(cmd: str) -> None:
+    if m := re.search(r"/tmp/\.swe-gym/([0-9a-f]{12})\.out", cmd):
+        scripts[m.group(1)] = cmd
+
+
+def scripted_out(path: str, default: bytes) -> bytes:
+    """A command's stdout as the fake image would print it: the glibc probe and tool list, else `default`."""
+    cmd = scripts.get(path.rsplit("/", 1)[-1].split(".")[0], "")
+    if "GNU_LIBC_VERSION" in cmd:
+        return f"{GLIBC['version']}\nsha256sum\ntar\ngzip\n".encode()
+    if "probe-exit" in cmd:
+        return b"probe-exit=0\nv22.23.5\n"
+    return default
 
 
 def checked(real_cls: type, name: str):
@@ -77,8 +102,12 @@ class FakeHFFiles(Strict):
         if path.endswith(".rc"):
             return b"0\n"
         if path.endswith(".out"):
-            return b"hello\n"
+            return scripted_out(path, b"hello\n")
         return self.store.get(path, b"")
+
+    def upload(self, *a, **kw):
+        args = checked(SandboxFiles, "upload")(*a, **kw)
+        self.store[args["path"]] = Path(args["local_path"]).read_bytes()
 
 
 class FakeHFProcess(Strict):
@@ -107,6 +136,7 @@ class FakeHFSandbox(Strict):
 
     def run(self, *a, **kw):
         args = checked(REAL_HF, "run")(*a, **kw)
+        note_script(args["cmd"])
         if args.get("background"):
             self.procs.append(FakeHFProcess(f"p{len(self.procs)}"))
             return self.procs[-1]
@@ -175,7 +205,8 @@ class FakeCommands(Strict):
     real = Commands
 
     async def run(self, *a, **kw):
-        checked(Commands, "run")(*a, **kw)
+        args = checked(Commands, "run")(*a, **kw)
+        note_script(args["cmd"])
         return FakeHandle()
 
 
@@ -191,7 +222,8 @@ class FakeFiles(Strict):
 
     async def read(self, *a, **kw):
         args = checked(Filesystem, "read")(*a, **kw)
-        return b"0\n" if args["path"].endswith(".rc") else b"out\n" if args["path"].endswith(".out") else b""
+        path = args["path"]
+        return b"0\n" if path.endswith(".rc") else scripted_out(path, b"out\n") if path.endswith(".out") else b""
 
 
 class FakeE2B(Strict):
@@ -239,3 +271,223 @@ def test_e2b_fake_rejects_unknown_options():
         checked(REAL_E2B, "kill")(nope=1)
     with pytest.raises(TypeError):
         checked(Commands, "run")("ls", no_such=True)
+
+
+# -- agent bundles: uploaded, unpacked, digest checked inside, glibc checked first ------------------------------------
+def tiny_bundle(root) -> tuple[str, dict]:
+    stage = root / "stage"
+    (stage / "node" / "bin").mkdir(parents=True)
+    (stage / "node" / "bin" / "node").write_text("#!/bin/sh\necho v22\n")
+    (stage / "node" / "bin" / "node").chmod(0o755)
+    (stage / "pi").mkdir()
+    (stage / "pi" / "cli.js").write_text("console.log(1)\n")
+    meta = _seal(stage, {"name": "pi-0", "glibc": "2.28", "probe": "./node/bin/node --version", "verifier": None})
+    final = root / f"pi-0-{meta['digest'][:16]}"
+    stage.rename(final)
+    return str(final), meta
+
+
+def archive_facts(local: str, host: str) -> tuple[list[str], list[str], tuple[int, int], int]:
+    with tarfile.open(local) as tar:
+        names = sorted(tar.getnames())
+        modes = (tar.getmember("node/bin/node").mode, tar.getmember("pi/cli.js").mode)
+    tree = sorted(str(p.relative_to(host)) for p in Path(host).rglob("*"))
+    return names, tree, modes, os.path.getsize(local)
+
+
+async def bundle_rollout(backend: str, monkeypatch, tmp_path):
+    calls.clear()
+    monkeypatch.setattr(huggingface_hub, "Sandbox", FakeHFSandbox)
+    monkeypatch.setattr(e2b, "AsyncSandbox", FakeE2B)
+    monkeypatch.setattr(remote, "POLL_S", 0.01)
+    monkeypatch.setenv("SWE_GYM_PUBLIC_URL", "https://space.example")
+    host, meta = tiny_bundle(tmp_path)
+    spec = SandboxSpec(image="img/x:1", ro_mounts={host: "/opt/swe-gym-agent"}, deadline_s=600)
+    return await create_sandbox(backend, spec), host, meta
+
+
+@pytest.mark.parametrize("backend", ["hf", "e2b"])
+async def test_the_agent_bundle_is_uploaded_unpacked_and_its_digest_checked_inside(backend, monkeypatch, tmp_path):
+    sbx, host, meta = await bundle_rollout(backend, monkeypatch, tmp_path)
+    try:
+        assert sbx.bundle_bytes > 0 and sbx.bundle_s > 0  # the cost boot reports
+    finally:
+        await sbx.close()
+    digest = meta["digest"]
+    remote_tar = f"/tmp/.swe-gym/bundle-{digest[:16]}.tar.gz"
+    if backend == "hf":
+        ups = [a for n, a in calls if n == "SandboxFiles.upload"]
+        assert [a["path"] for a in ups] == [remote_tar] and ups[0]["mode"] == "0600"
+        local = ups[0]["local_path"]
+        cmds = [a["cmd"] for n, a in calls if n == "Sandbox.run"]
+    else:
+        ups = [a for n, a in calls if n == "Filesystem.write" and a["path"] == remote_tar]
+        assert len(ups) == 1 and not isinstance(ups[0]["data"], bytes)  # streamed from the file
+        local = ups[0]["data"].name
+        cmds = [a["cmd"] for n, a in calls if n == "Commands.run"]
+    names, tree, modes, size = archive_facts(local, host)
+    assert names == tree and modes == (0o755, 0o644)  # the tarball holds exactly the tree, modes normalised
+    assert sbx.bundle_bytes == size
+    i_glibc = next(i for i, c in enumerate(cmds) if "GNU_LIBC_VERSION" in c)
+    i_unpack = next(i for i, c in enumerate(cmds) if "tar -xzf" in c)
+    assert i_glibc < i_unpack  # glibc first: nothing is uploaded to an image that cannot run it
+    unpack = cmds[i_unpack]
+    assert f"{digest}  SHA256SUMS" in unpack and "sha256sum -c --quiet --strict SHA256SUMS" in unpack
+    assert "/opt/swe-gym-agent" in unpack and "chmod -R a-w" in unpack
+    assert unpack.index("sha256sum -c") < unpack.index("./node/bin/node --version")  # the probe, after the check
+
+
+@pytest.mark.parametrize("backend", ["hf", "e2b"])
+async def test_an_old_glibc_is_a_boot_error_before_any_upload(backend, monkeypatch, tmp_path):
+    monkeypatch.setitem(GLIBC, "version", "ldd (GNU libc) 2.17")
+    with pytest.raises(SandboxError, match=r"glibc is 2\.17; the agent bundle needs glibc >= 2\.28"):
+        await bundle_rollout(backend, monkeypatch, tmp_path)
+    names = [n for n, _ in calls]
+    assert "SandboxFiles.upload" not in names and not any("tar -xzf" in str(a) for _, a in calls)
+    assert names[-1] in ("Sandbox._kill", "AsyncSandbox.kill")  # torn down, not leaked
+
+
+# -- host backends, run for real: the protocol both keep (local: bubblewrap namespaces; landlock: no namespaces) ----
+HOST_BACKENDS = ["local", "landlock"]
+
+
+async def host_sandbox(backend: str, **kw):
+    from conftest import require
+
+    from swe_gym_env.server.sandbox.preflight import preflight
+    from swe_gym_env.tasks.catalog import bundled_tasks
+
+    pf = preflight(backend)
+    require(pf["available"], f"{backend} backend unavailable here: {pf.get('reason')}")
+    t = bundled_tasks()[0]
+    return await create_sandbox(backend, SandboxSpec(repo_source=t.repo_source or "", base_commit=t.base_commit, **kw))
+
+
+def seen(sbx, path: str) -> str:
+    """How a path of the usual layout shows inside: itself under `local`; its real dir under `landlock`."""
+    from swe_gym_env.server.sandbox.landlock import LandlockSandbox
+
+    return sbx.to_host(path) if isinstance(sbx, LandlockSandbox) else path
+
+
+def sleeping(mark: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", mark.encode()]:
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def every_argv() -> list[bytes]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append(f.read())
+        except OSError:
+            continue
+    return found
+
+
+async def gone(mark: str) -> bool:
+    for _ in range(50):
+        if not sleeping(mark):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+async def test_host_backend_argv_cwd_env_stdin_and_output_limit(backend):
+    async with await host_sandbox(backend) as sbx:
+        r = await sbx.exec(["printf", "%s|", "a b", "$HOME", "'q'"], timeout=30, cwd="/tmp")
+        assert r.stdout == "a b|$HOME|'q'|", r
+        r = await sbx.exec("pwd; echo $FOO; cat", timeout=30, cwd="/home/agent", env={"FOO": "x y"}, stdin=b"in")
+        assert r.stdout.split("\n") == [seen(sbx, "/home/agent"), "x y", "in"], r
+        r = await sbx.exec("git rev-parse --show-toplevel", timeout=30)
+        assert r.stdout.strip() == seen(sbx, "/testbed"), r
+        big = await sbx.exec("head -c 600000 /dev/zero | tr '\\0' a", timeout=30)
+        assert "output truncated by swe_gym_env" in big.stdout and len(big.stdout) < 300_000
+        with pytest.raises(SandboxError):
+            await sbx.exec("true", timeout=5, env={"BAD NAME": "x"})
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+async def test_host_backend_kills_the_whole_tree_setsid_and_double_fork_included(backend):
+    escape = "setsid sh -c '(sleep {m} &) ; sleep {m}' </dev/null >/dev/null 2>&1 & sleep {m} & wait"
+    async with await host_sandbox(backend) as sbx:
+        p = await sbx.start("sleep 0.3; echo finished; exit 3")
+        assert await p.poll() is None
+        r = await p.wait(20)
+        assert r.exit_code == 3 and r.stdout == "finished\n" and await p.poll() == 3
+        tree = await sbx.start(escape.format(m="2711"))
+        await asyncio.sleep(0.8)
+        assert len(sleeping("2711")) == 3
+        await tree.kill()
+        assert await gone("2711")
+        r = await sbx.exec(escape.format(m="2712"), timeout=1.5)
+        assert r.timed_out and r.exit_code == 124
+        assert await gone("2712")
+        await sbx.start(escape.format(m="2713"))
+        await asyncio.sleep(0.8)
+    assert await gone("2713")  # close kills what is still running
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+async def test_host_backend_files_cannot_escape_and_secrets_never_reach_argv(backend):
+    async with await host_sandbox(backend, secrets={"CAPTURE_KEY": "s3cr3t-value"}) as sbx:
+        await sbx.exec("ln -s /etc/hostname /testbed/link; ln -s / /tmp/rootlink", timeout=30)
+        with pytest.raises(SandboxError):
+            await sbx.read_file("/testbed/link")
+        with pytest.raises(SandboxError):
+            await sbx.read_file("/tmp/rootlink/etc/passwd")
+        with pytest.raises(SandboxError):
+            await sbx.write_file("/etc/evil", b"x")
+        await sbx.write_file("/home/agent/secret.env", b"K=V\n", 0o600)
+        r = await sbx.exec("stat -c %a /home/agent/secret.env; cat /home/agent/secret.env", timeout=30)
+        assert r.stdout.split() == ["600", "K=V"]
+        p = await sbx.start("sleep 2714")
+        await asyncio.sleep(0.5)
+        argv = every_argv()
+        assert argv and not any(b"s3cr3t-value" in a for a in argv)
+        r = await sbx.exec("echo $CAPTURE_KEY; stat -c %a /tmp/.swe-gym/secrets.env", timeout=30)
+        assert r.stdout.split() == ["s3cr3t-value", "600"]
+        await p.kill()
+    await sbx.close()  # idempotent
+    with pytest.raises(SandboxError):
+        await sbx.exec("true", timeout=5)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+async def test_host_backend_reaches_capture_only_with_relay(backend, tmp_path):
+    """A capture endpoint as the server offers it (unix socket + the capture-only TCP port written beside it)."""
+    from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
+
+    async def handle(r, w):
+        await r.read(100)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+        await w.drain()
+        w.close()
+
+    sock = tmp_path / "capture.sock"
+    servers = [await asyncio.start_unix_server(handle, str(sock)), await asyncio.start_server(handle, "127.0.0.1", 0)]
+    (tmp_path / CAPTURE_PORT_FILE).write_text(str(servers[1].sockets[0].getsockname()[1]))
+    fetch = 'python3 -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())"'
+    try:
+        async with await host_sandbox(backend, capture_socket=sock) as sbx:
+            url = f"{sbx.capture_base_url}/v1/models"
+            r = await sbx.exec(f"{fetch} {url}", timeout=60, relay=True)
+            assert r.ok and r.stdout.strip() == "ok", r
+            r = await sbx.exec(f"{fetch} {url}", timeout=60)
+            assert not r.ok and ("Connection refused" in r.stderr or "Permission denied" in r.stderr), r
+    finally:
+        for s in servers:
+            s.close()

@@ -8,7 +8,6 @@ import inspect
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import require
+from conftest import BASE_IMAGE, docker_ready, require
 from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoUrl, SpaceInfo
 
@@ -252,36 +251,13 @@ def test_dockerfile_rules():
 
 
 # -- the image, built and run with a real Docker engine --------------------------------------------------------
-BASE_IMAGE = os.environ.get("SWE_GYM_DOCKER_IMAGE", "swe-gym-env/base:bookworm")
-SPACE_IMAGE = "swe-gym-env/space:test"
-
-
-def _docker_ready() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    ok = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, timeout=30)
-    return ok.returncode == 0
-
-
 @pytest.mark.integration
 @pytest.mark.slow
-def test_space_image_builds_and_answers_health(tmp_path):
-    require(_docker_ready(), f"no docker daemon with {BASE_IMAGE}: run `bash scripts/setup_docker.sh`")
-    argv = ["docker", "build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}", "-t", SPACE_IMAGE]
-    extra_ca = "".join(p.read_text() for p in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")))
-    if extra_ca:  # this machine's TLS-intercepting egress proxy: the build must trust its CA to reach PyPI and npm
-        argv += ["--build-arg", f"EXTRA_CA_CERT={extra_ca}"]
-    build = subprocess.run(
-        [*argv, str(REPO)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+def test_space_image_builds_and_answers_health(space_image):
     port = free_port()
     name = f"swe-gym-space-test-{port}"
     run = subprocess.run(
-        ["docker", "run", "-d", "--name", name, "--network", "host", "-e", f"PORT={port}", SPACE_IMAGE],
+        ["docker", "run", "-d", "--name", name, "--network", "host", "-e", f"PORT={port}", space_image],
         capture_output=True,
         text=True,
         timeout=60,
@@ -322,7 +298,7 @@ def test_space_image_builds_and_answers_health(tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_hf_sandbox_image_bakes_node_pi_and_opencode():
-    require(_docker_ready(), f"no docker daemon with {BASE_IMAGE}: run `bash scripts/setup_docker.sh`")
+    require(docker_ready(), f"no docker daemon with {BASE_IMAGE}: run `bash scripts/setup_docker.sh`")
     image = "swe-gym-env/sandbox:test"
     argv = ["docker", "build", "--network", "host", "-f", str(REPO / "space_app" / "sandbox.Dockerfile")]
     argv += ["--build-arg", f"BASE={BASE_IMAGE}", "-t", image]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -86,9 +87,24 @@ def bwrap_path() -> str:
     return path
 
 
+@functools.cache
+def bwrap_works() -> str | None:
+    """Run a trivial sandbox once (cached): None when bwrap can create its namespaces here, else its error. Inside a
+    container without privileges (the Space image: uid 1000, docker's default seccomp) it cannot, though installed."""
+    argv = [bwrap_path(), "--die-with-parent", "--unshare-all", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{type(e).__name__}: {e}"
+    return None if r.returncode == 0 else (r.stderr.strip()[-300:] or f"exit {r.returncode}")
+
+
 def preflight() -> tuple[bool, str]:
     if shutil.which("bwrap") is None:
         return False, "bubblewrap missing: apt-get install bubblewrap"
+    if (err := bwrap_works()) is not None:
+        return False, f"bwrap cannot create its sandbox here ({err}): use the landlock backend or a remote one"
     if not (task_runtime_dir() / ".ready").is_file():
         return False, f"task runtime missing at {task_runtime_dir()}: run `swe-gym-env setup`"
     cg = cgroups.mode()
