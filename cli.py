@@ -119,7 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     print(f"  … {message}", file=sys.stderr, flush=True)
 
             async with SweGymClient(f"http://127.0.0.1:{server_port}/mcp") as c:
-                return await c.run_rollout(harness=args.harness, on_progress=progress)
+                return await c.run_rollout(harness=args.harness, sandbox=args.sandbox, on_progress=progress)
 
         result = asyncio.run(go())
     if args.json:
@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ps.set_defaults(func=cmd_push)
     d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
     d.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
+    d.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
     d.add_argument("--policy", default="oracle")
     d.add_argument("--json", action="store_true", help="print the result as one JSON object")
     d.set_defaults(func=cmd_demo)

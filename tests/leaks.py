@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-OWNED_PREFIXES = ("swe-gym-sbx-", "swe-gym-capture-")  # server/tempdirs.py: `<prefix><pid>-…`
+OWNED_PREFIXES = ("swe-gym-sbx-", "swe-gym-ll-", "swe-gym-capture-")  # server/tempdirs.py: `<prefix><pid>-…`
 
 
 def _read(path: str) -> str:
@@ -89,7 +89,9 @@ def owned_cgroups(pid: int) -> set[str]:
     if not CGROUP_ROOT.is_dir():
         return set()
     found = set()
-    for pattern in (f"swe-gym-sbx-{pid}-*", f"*/swe-gym-sbx-{pid}-*", f"*/*/swe-gym-sbx-{pid}-*"):
+    for pattern in (
+        f"{depth}{prefix}{pid}-*" for prefix in ("swe-gym-sbx-", "swe-gym-ll-") for depth in ("", "*/", "*/*/")
+    ):
         found |= {str(p) for p in CGROUP_ROOT.glob(pattern)}
     return found
 

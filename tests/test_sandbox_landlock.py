@@ -387,6 +387,23 @@ def test_validate_and_rollouts_with_landlock_in_the_space_image(space_container)
         result = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
         assert r.returncode == 0 and result.get("ok"), (harness, r.stdout[-2000:], r.stderr[-2000:])
         assert result["sandbox"] == "landlock" and len(result["turns"]) >= 1
-        if harness == "pi":  # Pi's oracle edits relative paths: solved (OpenCode's names /testbed: see the backend)
-            assert result["reward"] == 1.0, result.get("grading")
+        assert result["reward"] == 1.0 and result["cross_check"] == "match", result.get("grading")
     assert time.monotonic() - t0 < 400
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_demo_with_landlock_on_this_host(harness, need_pi, need_opencode):
+    """The README's demo with `--sandbox landlock`: the agent is told where its work tree really is (no mount
+    namespace), and the oracle, like an agent, works there."""
+    r = subprocess.run(
+        [sys.executable, "-m", "swe_gym_env.cli", "demo", "--sandbox", "landlock", "--harness", harness, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["ok"] and result["reward"] == 1.0 and result["cross_check"] == "match", result.get("error")
+    assert result["sandbox"] == "landlock"

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,7 +122,9 @@ def _hunks(patch: str) -> list[tuple[str, str, str]]:
 class OraclePolicy(Policy):
     name = "oracle"
 
-    def plan(self, task: Task, tools: list[dict] | None) -> list[Reply]:
+    def plan(self, task: Task, tools: list[dict] | None, workdir: str | None = None) -> list[Reply]:
+        """The gold patch through the agent's own tools, in the work tree its prompt names (else the task's)."""
+        workdir = workdir or task.workdir
         params = _tool_params(tools)
         edit = params.get("edit", set())
         hunks = _hunks(task.patch)
@@ -132,14 +136,14 @@ class OraclePolicy(Policy):
             actions = [Reply(tool_calls=[("edit", {"path": p, "edits": e})]) for p, e in by_file.items()]
         elif {"filePath", "oldString", "newString"} <= edit:  # OpenCode
             actions = [
-                Reply(tool_calls=[("edit", {"filePath": f"{task.workdir}/{p}", "oldString": o, "newString": n})])
+                Reply(tool_calls=[("edit", {"filePath": f"{workdir}/{p}", "oldString": o, "newString": n})])
                 for p, o, n in hunks
             ]
         elif "bash" in params:
             delim = "SWE_GYM_PATCH_EOF"
             while delim in task.patch:
                 delim += "_"
-            cmd = f"cd {task.workdir} && git apply <<'{delim}'\n{task.patch.rstrip(chr(10))}\n{delim}"
+            cmd = f"cd {shlex.quote(workdir)} && git apply <<'{delim}'\n{task.patch.rstrip(chr(10))}\n{delim}"
             actions = [Reply(tool_calls=[("bash", {"command": cmd})])]
         return [*actions, Reply(content=DONE)]
 
@@ -148,9 +152,13 @@ class OraclePolicy(Policy):
         task = find_by_problem_statement(prompt_text)
         if task is None:
             return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
-        plan = self.plan(task, tools)
+        where = WORKDIR_IN_PROMPT.search(prompt_text)  # as an agent would: the work tree its prompt names
+        plan = self.plan(task, tools, where.group(1) if where else None)
         step = _step(messages)
         return plan[step] if step < len(plan) else Reply(content=DONE)
+
+
+WORKDIR_IN_PROMPT = re.compile(r"working in a git repository at (/\S+?)\.\s")
 
 
 def make_policy(spec: str) -> Policy:

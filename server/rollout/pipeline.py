@@ -126,7 +126,7 @@ class Pipeline:
                     max_tokens=req.max_tokens,
                     options=dict(req.harness_options),
                 )
-                prompt = PROMPT.format(workdir=task.workdir, problem=task.problem_statement)
+                prompt = PROMPT.format(workdir=sbx.agent_workdir, problem=task.problem_statement)
                 for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
                     await sbx.write_file(path, data, mode)
                 if task.setup_commands:  # the task's own setup, before the agent starts

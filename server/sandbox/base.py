@@ -199,6 +199,9 @@ class Sandbox(Protocol):
     bundle_bytes: int  # agent-bundle bytes uploaded at boot (0 where mounted)
     bundle_s: float  # seconds boot spent delivering and checking agent bundles
 
+    @property
+    def agent_workdir(self) -> str: ...  # where the agent finds the work tree (what its prompt names)
+
     async def exec(
         self,
         cmd: str | list[str],
@@ -250,6 +253,12 @@ class SandboxBase:
         self.expires_at = time.time() + spec.deadline_s
         self._live: set[Process] = set()
         self._closed = False
+
+    @property
+    def agent_workdir(self) -> str:
+        """Where the agent finds the work tree (what its prompt names): `spec.workdir`, unless a backend cannot put
+        it there (no mount namespace) and says where it is instead."""
+        return self.spec.workdir
 
     # -- what a backend implements -------------------------------------------------------------------------
     @classmethod

@@ -198,6 +198,10 @@ class LandlockSandbox(LocalSandbox):
     reap_orphans = staticmethod(_reap_orphans)
     preflight = staticmethod(preflight)
 
+    @property
+    def agent_workdir(self) -> str:
+        return self.workdir  # no mount namespace: the work tree is where it really is
+
     def __init__(self, spec: SandboxSpec, root: Path, capture_port: int | None) -> None:
         super().__init__(spec, root)
         self.relay_prefix = ""  # no relay: relay commands connect to the capture port directly
