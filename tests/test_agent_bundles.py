@@ -30,7 +30,8 @@ from swe_gym_env.server.agents.bundle import (
 from swe_gym_env.server.agents.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.assets import task_runtime_dir
-from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, glibc_problem, glibc_version
+from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
+from swe_gym_env.server.sandbox.bundles import glibc_problem, glibc_version
 from swe_gym_env.server.sandbox.docker import DEFAULT_IMAGE
 from swe_gym_env.tasks.catalog import BUNDLED_DIR, bundled_tasks
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from swe_gym_env.server.agents.base import AgentError, Harness, NpmArtifact
 from swe_gym_env.server.assets import cache_dir
-from swe_gym_env.server.sandbox.base import BUNDLE_META, BUNDLE_SUMS, bundle_meta
+from swe_gym_env.server.sandbox.bundles import BUNDLE_META, BUNDLE_SUMS, bundle_meta
 
 FORMAT = 1
 EXECUTABLES = "EXECUTABLES"

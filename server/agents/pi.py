@@ -42,7 +42,7 @@ class PiHarness:
     # Node 22's official binary: GLIBC_2.28 symbols (and libstdc++ >= GCC 5, which the probe would show missing)
     min_glibc: ClassVar[str] = "2.28"
     bundle_probe: ClassVar[str] = "./node/bin/node --version"
-    bundle_verifier: ClassVar[str | None] = "./node/bin/node"  # runs VERIFY_JS (sandbox/base.py)
+    bundle_verifier: ClassVar[str | None] = "./node/bin/node"  # runs VERIFY_JS (sandbox/bundles.py)
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"pi-{self.version}"
