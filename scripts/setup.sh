@@ -30,3 +30,4 @@ PY=${PYTHON:-python3}
 export UV_PYTHON_DOWNLOADS=never
 "$PY" -m uv sync --frozen --extra server --extra model --extra sandboxes --python "$("$PY" -c 'import sys; print(sys.executable)')" -q
 .venv/bin/swe-gym-env setup
+.venv/bin/python -m swe_gym_env.tasks.pypi_fixes.build --envs  # the pypi split (sha256-pinned sdists) + its task venvs

@@ -16,4 +16,5 @@ bash scripts/setup_trl.sh
 bash scripts/setup_docker.sh
 bash scripts/setup_ui.sh
 trap 'bash scripts/setup_docker.sh stop' EXIT  # stops dockerd only if setup_docker.sh started it
+bash scripts/build_standin_images.sh  # stand-in SWE-Gym images of the pypi split (skips those present)
 .venv/bin/python -m pytest "$@"

@@ -39,6 +39,33 @@ def bundled_tasks() -> tuple[Task, ...]:
     )
 
 
+PYPI_SPLIT = "pypi"  # real bug fixes from PyPI sdists, built at setup (swe_gym_env.tasks.pypi_fixes.build)
+
+
+def pypi_jsonl() -> Path:
+    from swe_gym_env.tasks.pypi_fixes.build import out_dir
+
+    return out_dir() / "tasks.jsonl"
+
+
+@lru_cache(maxsize=4)
+def _pypi_tasks(jsonl: str, mtime: float) -> tuple[Task, ...]:
+    report = load_tasks(jsonl, kind="swe-rebench")
+    if report.skipped:
+        raise ValueError(f"{jsonl}: " + "; ".join(report.skipped))
+    return tuple(t.model_copy(update={"dataset": PYPI_SPLIT}) for t in report.tasks)
+
+
+def pypi_tasks() -> tuple[Task, ...]:
+    path = pypi_jsonl()
+    if not path.is_file():
+        raise TaskNotFound(
+            f"split {PYPI_SPLIT!r} is not built: run `python -m swe_gym_env.tasks.pypi_fixes.build` "
+            "(scripts/setup.sh does)"
+        )
+    return _pypi_tasks(str(path), path.stat().st_mtime)
+
+
 @lru_cache(maxsize=32)
 def dataset_split(source: str, split: str = "train") -> LoadReport:
     return load_tasks(source, split)
@@ -55,12 +82,15 @@ def extra_sources() -> dict[str, tuple[str, str]]:
 
 
 def split_names() -> list[str]:
-    return ["bundled", *extra_sources()]
+    """Known splits: `pypi` once it is built, then those SWE_GYM_DATASETS registers."""
+    return ["bundled", *([PYPI_SPLIT] if pypi_jsonl().is_file() else []), *extra_sources()]
 
 
 def tasks_in(split: str) -> tuple[Task, ...]:
     if split == "bundled":
         return bundled_tasks()
+    if split == PYPI_SPLIT and PYPI_SPLIT not in extra_sources():
+        return pypi_tasks()
     sources = extra_sources()
     if split not in sources:
         raise TaskNotFound(f"unknown split {split!r}; known: {split_names()}")

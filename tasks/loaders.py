@@ -16,11 +16,17 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from swe_gym_env.tasks.models import Task
+from swe_gym_env.tasks.envs import CONDA_ACTIVATE, activation_for
+from swe_gym_env.tasks.models import InstallConfig, Task
 
 Kind = Literal["swe-gym", "swe-bench", "swe-rebench"]
-CONDA_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
 REBENCH_DEFAULT_TEST_CMD = "pytest --no-header -rA --tb=no -p no:cacheprovider"
+# Repos whose tests do not run under pytest: their own runner, as SWE-bench's harness ran them (swebench 4.x specs;
+# 5.x keeps only the parsers, `MAP_REPO_TO_PARSER_PY`). A row's own `test_cmd` wins.
+REPO_TEST_RUNNERS: dict[str, tuple[str, Literal["files", "django_labels"]]] = {
+    "django/django": ("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1", "django_labels"),
+    "sympy/sympy": ("PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose", "files"),
+}
 
 
 class DatasetError(RuntimeError):
@@ -39,19 +45,25 @@ class LoadReport:
 
 
 def guess_kind(source: str, first_row: dict[str, Any] | None = None) -> Kind:
-    low = source.lower()
+    """The schema of a source: from the row's own fields where they tell (a local file's folders say nothing: the
+    cache lives under `swe_gym_env/`), else from the name (Hub ids, file names), else SWE-Gym."""
+    row = first_row or {}
+    by_row: Kind | None = None
+    if "docker_image" in row or "image_name" in row or "install_config" in row:
+        by_row = "swe-rebench"
+    elif "environment_setup_commit" in row or isinstance(row.get("FAIL_TO_PASS"), str):
+        by_row = "swe-bench"
+    path = Path(source)
+    if by_row and path.exists():
+        return by_row
+    low = (path.name if path.exists() else source).lower()
     if "rebench" in low:
         return "swe-rebench"
     if "swe-gym" in low or "swe_gym" in low:
         return "swe-gym"
     if "swe-bench" in low or "swe_bench" in low:
         return "swe-bench"
-    row = first_row or {}
-    if "docker_image" in row or "image_name" in row or "install_config" in row:
-        return "swe-rebench"
-    if "environment_setup_commit" in row or isinstance(row.get("FAIL_TO_PASS"), str):
-        return "swe-bench"
-    return "swe-gym"
+    return by_row or "swe-gym"
 
 
 def swe_gym_image(instance_id: str) -> str:
@@ -87,26 +99,46 @@ def normalise_row(row: dict[str, Any], kind: Kind, source: str) -> dict[str, Any
     }
     out["hints_text"] = row.get("hints_text") or ""
     out["dataset"] = source
+    if row.get("version") is not None:
+        out["version"] = str(row["version"])
     if row.get("repo_source"):
         out["repo_source"] = row["repo_source"]
     setup = _json_field(row.get("setup_commands"))
     if setup:  # our own field (any schema): a list of shell lines, or one line
         out["setup_commands"] = [setup] if isinstance(setup, str) else setup
-    if kind == "swe-gym":
-        out["image"] = row.get("image") or swe_gym_image(iid)
+    if row.get("eval_script"):  # newer SWE-bench-format rows: graded by their own script and parser
+        out["eval_script"] = row["eval_script"]
+        out["eval_type"] = row.get("eval_type") or "pass_and_fail"
+    if row.get("log_parser"):
+        out["log_parser"] = row["log_parser"]
+    if kind in ("swe-gym", "swe-bench"):
+        out["image"] = row.get("image") or (swe_gym_image if kind == "swe-gym" else swe_bench_image)(iid)
         out["env_activation"] = CONDA_ACTIVATE
-    elif kind == "swe-bench":
-        out["image"] = row.get("image") or swe_bench_image(iid)
-        out["env_activation"] = CONDA_ACTIVATE
+        runner = REPO_TEST_RUNNERS.get(str(out.get("repo")))
+        if runner and not row.get("eval_script"):
+            out["test_cmd"], out["test_args"] = runner
     else:
         out["image"] = row.get("docker_image") or row.get("image_name") or row.get("image")
-        cfg = _json_field(row.get("install_config")) or {}
-        if not isinstance(cfg, dict):
+        raw = _json_field(row.get("install_config")) or {}
+        if not isinstance(raw, dict):
             raise ValueError("install_config: not an object")
-        out["test_cmd"] = cfg.get("test_cmd") or REBENCH_DEFAULT_TEST_CMD
-        if isinstance(out["test_cmd"], list):  # some rows give several commands; the last one runs the tests
-            out["test_cmd"] = out["test_cmd"][-1]
-        out["log_parser"] = cfg.get("log_parser") or "parse_log_pytest"
+        test_cmd = raw.get("test_cmd") or REBENCH_DEFAULT_TEST_CMD
+        if isinstance(test_cmd, list):  # some rows give several commands; the last one runs the tests
+            test_cmd = test_cmd[-1]
+        out["test_cmd"] = test_cmd
+        out["log_parser"] = raw.get("log_parser") or row.get("log_parser") or "parse_log_pytest"
+        try:
+            cfg = InstallConfig.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"install_config.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+        out["install_config"] = cfg
+        if isinstance(out.get("repo"), str) and isinstance(out.get("base_commit"), str):
+            out["env_activation"] = activation_for(
+                cfg, out["repo"], out["base_commit"], image=bool(out["image"]), local=bool(row.get("repo_source"))
+            )
+    if row.get("test_cmd"):  # our own field (any schema): the row's test command wins
+        out["test_cmd"] = row["test_cmd"]
     return out
 
 
