@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from swe_gym_env.server.agents.base import AgentError
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.assets import tokenizer_dir
@@ -9,6 +11,7 @@ from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.certify import certify
 from swe_gym_env.server.sandbox.preflight import preflight_all
 from swe_gym_env.tasks.catalog import split_names, tasks_in
+from swe_gym_env.tasks.envs import envs_status, images_status
 
 
 async def gather_info(engine_url: str | None) -> dict:
@@ -17,14 +20,21 @@ async def gather_info(engine_url: str | None) -> dict:
         h = cls()
         try:
             h.mounts()  # raises when the install is missing or broken
-            agents[name] = {"version": h.version, "installed": True}
+            agents[name] = {"version": h.version, "dialect": h.dialect, "installed": True}
         except AgentError as e:
-            agents[name] = {"version": h.version, "installed": False, "reason": str(e)}
+            agents[name] = {"version": h.version, "dialect": h.dialect, "installed": False, "reason": str(e)}
     sandboxes = preflight_all()  # per backend: available, and the reason when not
     datasets = {}
     for split in split_names():
         try:
-            datasets[split] = {"tasks": len(tasks_in(split))}
+            tasks = tasks_in(split)
+            datasets[split] = {"tasks": len(tasks)}
+            if any(t.image for t in tasks):  # image-bearing: which of its images this docker has
+                present, needed, missing = await asyncio.to_thread(images_status, tasks)
+                datasets[split]["images"] = {"present": present, "needed": needed, "missing": missing[:10]}
+            if any(t.install_config for t in tasks):  # its `local` venvs, built or not
+                built, needed = envs_status(tasks)
+                datasets[split]["local_envs"] = {"built": built, "needed": needed}
         except Exception as e:  # a broken extra source must not hide the others
             datasets[split] = {"error": f"{type(e).__name__}: {e}"}
     out = {

@@ -8,7 +8,7 @@ from swe_gym_env.server.grading import GradingError, grade
 from swe_gym_env.server.rollout.workspace import task_spec
 from swe_gym_env.server.sandbox.base import SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
-from swe_gym_env.tasks.catalog import bundled_tasks
+from swe_gym_env.tasks.catalog import split_names, tasks_in
 from swe_gym_env.tasks.loaders import DatasetError, load_tasks
 from swe_gym_env.tasks.models import Task
 
@@ -17,7 +17,7 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
     """(verdict, detail): verdict is "ok" or "SURPRISE"."""
     if not task.repo_source and not backend_class(backend).uses_image:
         return "SURPRISE", "no local repository source (this task needs an image-based sandbox)"
-    spec = task_spec(task)
+    spec = task_spec(task, backend)
     make = lambda: create_sandbox(backend, spec)  # noqa: E731
     try:
         gold = await grade(task, task.patch, make)
@@ -38,8 +38,8 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
 
 
 async def validate(dataset: str, split: str, backend: str, limit: int | None) -> int:
-    if dataset == "bundled":
-        tasks, skipped = list(bundled_tasks()), []
+    if dataset in split_names():  # a catalog split: bundled, pypi, or one named in SWE_GYM_DATASETS
+        tasks, skipped = list(tasks_in(dataset)), []
     else:
         try:
             report = load_tasks(dataset, split, limit=limit)

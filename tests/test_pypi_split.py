@@ -93,11 +93,9 @@ def test_the_split_is_reproducible_and_covers_the_special_cases(tmp_path, pypi_s
 
 
 def test_validate_on_local_scores_gold_1_and_empty_0_on_every_task(pypi_split):
-    jsonl = Path(pypi_split[0].repo_source).parent / "tasks.jsonl"
-    r = subprocess.run([CLI, "validate", "--dataset", str(jsonl), "--sandbox", "local"], capture_output=True, text=True)
+    r = subprocess.run([CLI, "validate", "--dataset", "pypi", "--sandbox", "local"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{len(pypi_split)} ok, 0 surprises, 0 rows skipped" in r.stdout
-    assert "(swe-rebench)" in r.stdout
 
 
 def check(task: Task, gold, empty, environment: str) -> None:
@@ -143,10 +141,8 @@ async def test_docker_grading_in_the_stand_in_images(pypi_images):
 
 
 def test_validate_on_docker(pypi_images):
-    """`validate --sandbox docker` (today: the backend's default image with the task venv mounted; with the task's
-    image once validate passes it to the sandbox)."""
-    jsonl = Path(pypi_images[0].repo_source).parent / "tasks.jsonl"
-    cmd = [CLI, "validate", "--dataset", str(jsonl), "--sandbox", "docker", "--limit", "2"]
+    """`validate --dataset pypi --sandbox docker`: each task in its own stand-in image, the repo the image holds."""
+    cmd = [CLI, "validate", "--dataset", "pypi", "--sandbox", "docker", "--limit", "2"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0 and "2 ok, 0 surprises" in r.stdout, r.stdout + r.stderr
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import time
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentOutcome, Harness, reconcile
@@ -31,6 +32,12 @@ async def _stop(run: asyncio.Task, why: str) -> tuple[ExecResult, bool]:
     return ExecResult(137, "", why), True
 
 
+def in_task_env(command: str, activation: str | None) -> str:
+    """``command`` run inside the task's activated environment (its conda env or venv), so that the agent's own
+    tool commands inherit it: the environment the tests run in. bash: activation scripts `source`."""
+    return command if not activation else f"bash -c {shlex.quote(activation + chr(10) + command)}"
+
+
 async def run_agent(
     rec: RolloutRecord,
     sbx: Sandbox,
@@ -39,10 +46,12 @@ async def run_agent(
     session: CaptureSession,
     timeout: float,
     timings: dict[str, float],
+    activation: str | None = None,
 ) -> tuple[ExecResult, bool]:
-    """Run the agent and watch it. Returns (result, stopped by us)."""
+    """Run the agent (inside the task's environment) and watch it. Returns (result, stopped by us)."""
     t0 = time.monotonic()
-    run = asyncio.create_task(sbx.exec(harness.command(cfg), timeout=timeout, relay=True))
+    command = in_task_env(harness.command(cfg), activation)
+    run = asyncio.create_task(sbx.exec(command, timeout=timeout, relay=True))
     steps, next_read, budget_at = 0, t0 + POLL_EVENTS_S, None
     try:
         while not run.done():

@@ -21,6 +21,7 @@ from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_ta
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
+from swe_gym_env.tasks.envs import EnvError, prepare_env
 from swe_gym_env.wire import Finding, RolloutRequest, RolloutResult
 
 PROMPT = """You are working in a git repository at {workdir}. Resolve the issue below by editing the source code.
@@ -80,6 +81,11 @@ class Pipeline:
             mounts = harness.mounts()
         except AgentError as e:
             raise RolloutFailure("install", str(e)) from e
+        if not (task.image and backend_class(req.sandbox).uses_image):  # the task's own env is not in an image
+            try:
+                await prepare_env(task)  # built once per requirement set, on the host; cached
+            except EnvError as e:
+                raise RolloutFailure("install", str(e)) from e
         context = cert.max_model_len or self.config.context_window
         if req.mode == "capture" and context < harness.min_context_tokens:
             raise RolloutFailure(
@@ -111,6 +117,7 @@ class Pipeline:
             t = time.monotonic()
             spec = task_spec(
                 task,
+                req.sandbox,
                 capture_socket=self.config.capture_socket,
                 ro_mounts=mounts,
                 labels={"rollout": rec.rollout_id, "role": "agent"},
@@ -129,6 +136,10 @@ class Pipeline:
                 prompt = PROMPT.format(workdir=sbx.agent_workdir, problem=task.problem_statement)
                 for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
                     await sbx.write_file(path, data, mode)
+                if task.env_activation:  # the agent works in the environment the tests run in: it must activate
+                    r = await sbx.exec(agent_run.in_task_env("true", task.env_activation), timeout=120)
+                    if not r.ok:
+                        raise RolloutFailure("boot", f"the task's environment does not activate: {r.stderr[-500:]}")
                 if task.setup_commands:  # the task's own setup, before the agent starts
                     state.diff_base = await run_task_setup(sbx, task)
             except SandboxError as e:
@@ -138,7 +149,9 @@ class Pipeline:
             rec.set_phase("agent")
             t = time.monotonic()
             agent_timeout = max(5.0, state.deadline - t - min(120.0, 0.2 * req.deadline_s))  # leave time to grade
-            res, stopped = await agent_run.run_agent(rec, sbx, harness, cfg, session, agent_timeout, timings)
+            res, stopped = await agent_run.run_agent(
+                rec, sbx, harness, cfg, session, agent_timeout, timings, task.env_activation
+            )
             timings["agent"] = time.monotonic() - t
             state.exit_code = res.exit_code
             state.log_tail = await read_text(sbx, harness.log_path, tail=4000)
@@ -183,6 +196,7 @@ class Pipeline:
         t = time.monotonic()
         grading_spec = task_spec(
             task,
+            req.sandbox,
             labels={"rollout": rec.rollout_id, "role": "grading"},
             deadline_s=self.config.grading_timeout_s + 120,
         )

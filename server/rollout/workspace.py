@@ -6,6 +6,7 @@ import shlex
 
 from swe_gym_env.server.rollout.record import RolloutFailure
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_gym_env.server.sandbox.registry import backend_class
 from swe_gym_env.tasks.models import Task
 
 DIFF_LIMIT = 4 * 1024 * 1024
@@ -14,10 +15,12 @@ DIFF_EXCLUDES = "':(exclude)**/__pycache__/**' ':(exclude)*.pyc' ':(exclude).pyt
 SETUP_SCRIPT = "/tmp/.swe-gym-setup.sh"
 
 
-def task_spec(task: Task, **fields) -> SandboxSpec:
-    """A sandbox for this task: its repository (a host source or the image's own), base commit, workdir, image."""
+def task_spec(task: Task, backend: str, **fields) -> SandboxSpec:
+    """A sandbox for this task on ``backend``: the task's image and the repository already in it where the backend
+    runs images and the task names one; else its host repository (cloned), base commit and workdir."""
+    in_image = bool(task.image) and backend_class(backend).uses_image
     return SandboxSpec(
-        repo_source=task.repo_source or "",
+        repo_source="" if in_image else task.repo_source or "",
         base_commit=task.base_commit,
         workdir=task.workdir,
         image=task.image,

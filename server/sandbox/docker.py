@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import shlex
@@ -125,6 +126,16 @@ def reap_orphans() -> list[str]:
     return [f"docker:{c}" for c in doomed]
 
 
+def _image_path(inspect_env: bytes) -> str | None:
+    """PATH from `docker image inspect --format '{{json .Config.Env}}'` output (None: the image sets none)."""
+    try:
+        env = json.loads(inspect_env or b"null") or []
+    except ValueError:
+        return None
+    path = next((e.partition("=")[2] for e in env if isinstance(e, str) and e.startswith("PATH=")), None)
+    return path if path and "\n" not in path else None
+
+
 class DockerSandbox(SandboxBase):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
@@ -150,7 +161,7 @@ class DockerSandbox(SandboxBase):
     @classmethod
     async def create(cls, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or DEFAULT_IMAGE
-        rc, _, err = await docker("image", "inspect", "--format", "{{.Id}}", image, timeout=30)
+        rc, out, err = await docker("image", "inspect", "--format", "{{json .Config.Env}}", image, timeout=30)
         if rc != 0:
             if b"no such image" not in err.lower():
                 raise SandboxUnavailable(f"no docker daemon: {err.decode()[:200]}; start one (scripts/setup_docker.sh)")
@@ -159,6 +170,7 @@ class DockerSandbox(SandboxBase):
                 "it first (scripts/setup_docker.sh builds the default image)"
             )
         sbx = cls(spec, f"swe-gym-{uuid.uuid4().hex[:16]}", image)
+        sbx.image_path = _image_path(out)
         try:
             await sbx._start()
             await sbx._prepare()
@@ -190,8 +202,10 @@ class DockerSandbox(SandboxBase):
             args += ["--mount", f"type=bind,source={host},target={inside},readonly"]
         return [*args, self.image, "sleep", str(max(1, math.ceil(spec.deadline_s)))]
 
+    image_path: str | None = None  # the image's own PATH (e.g. a conda bin dir first), kept for its commands
+
     def _env(self) -> dict[str, str]:
-        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        path = self.image_path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         if self.spec.image is None:
             path = f"{RUNTIME_MOUNT}/bin:{path}"
         return {
