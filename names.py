@@ -21,6 +21,13 @@ class Plugin(NamedTuple):
 HARNESSES: dict[str, Plugin] = {
     "pi": Plugin("swe_gym_env.server.agents.pi:PiHarness", "swe-gym-env setup --harness pi"),
     "opencode": Plugin("swe_gym_env.server.agents.opencode:OpenCodeHarness", "swe-gym-env setup --harness opencode"),
+    "codex": Plugin("swe_gym_env.server.agents.codex:CodexHarness", "swe-gym-env setup --harness codex"),
+    "claude-code": Plugin(
+        "swe_gym_env.server.agents.claude_code:ClaudeCodeHarness", "swe-gym-env setup --harness claude-code"
+    ),
+    "gemini-cli": Plugin(
+        "swe_gym_env.server.agents.gemini_cli:GeminiCliHarness", "swe-gym-env setup --harness gemini-cli"
+    ),
 }
 
 SANDBOXES: dict[str, Plugin] = {

@@ -305,6 +305,9 @@ class Capabilities(BaseModel):
     splits: list[str]
     limits: dict[str, int]
     dialects: list[str] = Field(default=[], description="The API dialects /capture speaks.")
+    harness_info: dict[str, dict[str, str | bool]] = Field(
+        default={}, description="Per harness: its pinned version, the dialect it speaks and whether it is ready here."
+    )
 
 
 class TrainingRow(BaseModel):

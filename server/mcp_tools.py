@@ -10,7 +10,7 @@ from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
 from pydantic import Field
 
-from swe_gym_env.server.agents.registry import HARNESSES
+from swe_gym_env.server.agents.registry import HARNESSES, harness_info
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
@@ -124,6 +124,7 @@ def build_mcp(service: RolloutService) -> FastMCP:
                 "max_queue": service.config.max_queue,
             },
             dialects=list(DIALECTS),
+            harness_info=harness_info(),
         )
 
     for fn, name in [

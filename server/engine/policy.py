@@ -129,6 +129,8 @@ class OraclePolicy(Policy):
         edit = params.get("edit", set())
         hunks = _hunks(task.patch)
         actions: list[Reply] = []
+        file_edit = params.get("Edit", set()) | params.get("replace", set())
+        shell = next(((n, arg) for n, arg in SHELL_TOOLS if arg in params.get(n, set())), None)
         if "edits" in edit and "path" in edit:  # Pi: edit{path, edits:[{oldText,newText}]}
             by_file: dict[str, list[dict]] = {}
             for path, old, new in hunks:
@@ -139,12 +141,30 @@ class OraclePolicy(Policy):
                 Reply(tool_calls=[("edit", {"filePath": f"{workdir}/{p}", "oldString": o, "newString": n})])
                 for p, o, n in hunks
             ]
-        elif "bash" in params:
+        elif "input" in params.get("apply_patch", set()):  # codex: apply_patch (a custom tool: one string `input`)
+            actions = [Reply(tool_calls=[("apply_patch", {"input": _codex_patch(task.patch, workdir)})])]
+        elif {"file_path", "old_string", "new_string"} <= file_edit:  # claude-code Edit, gemini-cli replace
+            tool = "Edit" if "Edit" in params else "replace"
+            read = "Read" if "file_path" in params.get("Read", set()) else None  # claude-code edits only what it read
+            for path in dict.fromkeys(p for p, _, _ in hunks):
+                if read:
+                    actions.append(Reply(tool_calls=[(read, {"file_path": f"{workdir}/{path}"})]))
+                for p, o, n in hunks:
+                    if p == path:
+                        args = {"file_path": f"{workdir}/{p}", "old_string": o, "new_string": n}
+                        if tool == "replace" and "instruction" in file_edit:
+                            args["instruction"] = f"apply the fix to {p}"
+                        actions.append(Reply(tool_calls=[(tool, args)]))
+        elif shell is not None:  # bash (Pi, OpenCode), exec_command / shell_command (codex), Bash, run_shell_command
             delim = "SWE_GYM_PATCH_EOF"
             while delim in task.patch:
                 delim += "_"
             cmd = f"cd {shlex.quote(workdir)} && git apply <<'{delim}'\n{task.patch.rstrip(chr(10))}\n{delim}"
-            actions = [Reply(tool_calls=[("bash", {"command": cmd})])]
+            name, arg = shell
+            args: dict[str, Any] = {arg: cmd}
+            if "description" in params[name]:  # OpenCode's bash, claude-code's Bash
+                args["description"] = "apply the fix"
+            actions = [Reply(tool_calls=[(name, args)])]
         return [*actions, Reply(content=DONE)]
 
     def reply(self, messages, tools):
@@ -156,6 +176,34 @@ class OraclePolicy(Policy):
         plan = self.plan(task, tools, where.group(1) if where else None)
         step = _step(messages)
         return plan[step] if step < len(plan) else Reply(content=DONE)
+
+
+# shell tools by name, with the argument that takes the command line
+SHELL_TOOLS = (
+    ("bash", "command"),
+    ("exec_command", "cmd"),
+    ("shell_command", "command"),
+    ("Bash", "command"),
+    ("run_shell_command", "command"),
+)
+
+
+def _codex_patch(patch: str, workdir: str) -> str:
+    """A unified diff as codex's apply_patch envelope (`*** Update File:` sections, `@@` hunks, ' '/'-'/'+' lines)."""
+    lines = ["*** Begin Patch"]
+    for line in patch.splitlines():
+        if line.startswith("+++ "):
+            lines.append(f"*** Update File: {workdir}/{line[4:].removeprefix('b/')}")
+        elif line.startswith(("--- ", "diff --git", "index ")):
+            continue
+        elif line.startswith("@@"):
+            lines.append("@@")
+        elif line[:1] in (" ", "-", "+"):
+            lines.append(line)
+        elif line == "":
+            lines.append(" ")
+    lines.append("*** End Patch")
+    return "\n".join(lines) + "\n"
 
 
 WORKDIR_IN_PROMPT = re.compile(r"working in a git repository at (/\S+?)\.\s")

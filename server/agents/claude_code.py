@@ -1,0 +1,188 @@
+"""Claude Code (`@anthropic-ai/claude-code`), run headless: `claude -p --output-format stream-json`, prompt on stdin,
+Anthropic Messages dialect.
+
+Only the native binary is installed (`@anthropic-ai/claude-code-linux-x64`: one executable, no install script; the
+`@anthropic-ai/claude-code` wrapper's postinstall just hard-links it). Its bundle holds `bin/claude` and a static
+ripgrep (`bin/rg`, used instead of the binary's embedded one).
+
+Configuration (NOTES §3): `ANTHROPIC_BASE_URL` is the capture root (it appends `/v1/messages`), the key is
+`ANTHROPIC_API_KEY` (sent as `x-api-key`) from an env file, never argv; `CLAUDE_CONFIG_DIR` is private to the rollout
+(no login or onboarding with a fresh one); `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1` and the DISABLE_* switches
+(no telemetry, error reports or update check); `--strict-mcp-config` (a repo's `.mcp.json` servers never start),
+`--setting-sources user` (a repo's `.claude/settings*.json`, hooks included, never apply), web tools disallowed,
+`--max-turns` from the harness option `max_turns`. As root it needs `IS_SANDBOX=1` to skip permissions.
+
+The agent's record is its transcript (`$CLAUDE_CONFIG_DIR/projects/<cwd, / as ->/<session>.jsonl`), copied to a fixed
+path while it runs, followed by the `stream-json` output (its `result` event says how the run ended). The transcript
+writes one `assistant` record per content block; records with the same `message.id` are one model call.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import ClassVar
+
+from swe_gym_env.server.agents.base import (
+    AGENT_HOME,
+    BUNDLE_MOUNT,
+    AgentConfig,
+    AgentOutcome,
+    NpmArtifact,
+    npm_install,
+    run_and_collect,
+)
+from swe_gym_env.server.agents.bundle import RIPGREP, require_bundle
+from swe_gym_env.server.assets import cache_dir
+
+CONFIG_DIR = f"{AGENT_HOME}/.claude"
+EVENTS = f"{AGENT_HOME}/claude-events.jsonl"
+STDOUT = f"{AGENT_HOME}/claude-stream.jsonl"
+STDERR = f"{AGENT_HOME}/claude-stderr.txt"
+DEFAULT_MAX_TURNS = 100
+DISALLOWED = ("WebFetch", "WebSearch")
+UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
+QUIET_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "DISABLE_COST_WARNINGS": "1",
+    "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
+    "ENABLE_TOOL_SEARCH": "false",  # every tool sent plainly
+    "USE_BUILTIN_RIPGREP": "0",  # the bundle's rg
+    "IS_SANDBOX": "1",  # skipping permissions as root is refused otherwise
+    "MAX_THINKING_TOKENS": "0",
+}
+
+
+def max_turns(cfg: AgentConfig) -> int:
+    raw = cfg.options.get("max_turns")
+    try:
+        return max(1, int(raw)) if raw is not None else DEFAULT_MAX_TURNS
+    except ValueError:
+        return DEFAULT_MAX_TURNS
+
+
+class ClaudeCodeHarness:
+    name: ClassVar[str] = "claude-code"
+    version: ClassVar[str] = "2.1.332"
+    dialect: ClassVar[str] = "anthropic-messages"
+    min_context_tokens: ClassVar[int] = 32768  # its system prompt and tools are ~20k tokens
+    package: ClassVar[str] = "@anthropic-ai/claude-code-linux-x64"
+    needs_node: ClassVar[bool] = False  # a self-contained native executable
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
+    min_glibc: ClassVar[str] = "2.26"  # objdump -T of the binary
+    bundle_probe: ClassVar[str] = "./bin/rg --version >/dev/null && test -x ./bin/claude"
+    bundle_verifier: ClassVar[str | None] = None
+
+    def install_dir(self) -> Path:
+        return cache_dir() / "agents" / f"claude-code-{self.version}"
+
+    def binary(self, root: Path) -> Path:
+        return root / "node_modules" / self.package / "claude"
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        if not self.binary(root).is_file():
+            npm_install(root, f"{self.package}@{self.version}", self.binary(root), log=log)
+        return root
+
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        return {"bin/claude": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
+
+    def mounts(self) -> dict[str, str]:
+        return {str(require_bundle(self).path): BUNDLE_MOUNT}
+
+    def env(self, cfg: AgentConfig) -> dict[str, str]:
+        return {
+            **QUIET_ENV,
+            "CLAUDE_CONFIG_DIR": CONFIG_DIR,
+            "ANTHROPIC_BASE_URL": cfg.base_url.rstrip("/"),
+            "ANTHROPIC_MODEL": cfg.model,
+            "ANTHROPIC_SMALL_FAST_MODEL": cfg.model,  # any side call goes to the same capture session
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": cfg.model,
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(cfg.max_tokens),
+        }
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        settings = {
+            "permissions": {"deny": list(DISALLOWED)},
+            "enableAllProjectMcpServers": False,
+            "autoUpdates": False,
+            "includeCoAuthoredBy": False,
+            "env": {},
+        }
+        env = "".join(f"{k}={shlex.quote(v)}\n" for k, v in self.env(cfg).items())
+        return {
+            f"{CONFIG_DIR}/settings.json": (json.dumps(settings, indent=2).encode(), 0o600),
+            f"{AGENT_HOME}/.capture.env": (f"ANTHROPIC_API_KEY={shlex.quote(key)}\n{env}".encode(), 0o600),
+            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+        }
+
+    def command(self, cfg: AgentConfig) -> str:
+        run = (
+            f"{BUNDLE_MOUNT}/bin/claude -p --output-format stream-json --verbose --dangerously-skip-permissions "
+            f"--strict-mcp-config --setting-sources user --max-turns {max_turns(cfg)} "
+            f"--disallowedTools {','.join(DISALLOWED)} --model {shlex.quote(cfg.model)} "
+            f"< {AGENT_HOME}/prompt.txt > {STDOUT} 2> {STDERR}"
+        )
+        return (
+            "unset ANTHROPIC_AUTH_TOKEN ANTHROPIC_API_KEY CLAUDE_CODE_USE_BEDROCK CLAUDE_CODE_USE_VERTEX\n"
+            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
+            f"export PATH={BUNDLE_MOUNT}/bin:$PATH\n"
+            + run_and_collect(run, f"{CONFIG_DIR}/projects/*/*.jsonl {STDOUT}", EVENTS)
+        )
+
+    events_path = EVENTS
+    log_path = STDERR
+
+    def parse_events(self, text: str) -> AgentOutcome:
+        out = AgentOutcome()
+        errors: list[str] = []
+        order: list[str] = []  # message ids, in order
+        tokens: dict[str, int | None] = {}
+        calls: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            kind = ev.get("type")
+            msg = ev.get("message")
+            msg = msg if isinstance(msg, dict) else {}
+            content = msg.get("content")
+            blocks: list = content if isinstance(content, list) else []
+            if kind == "assistant" and "parentUuid" in ev:  # a transcript record (the stream-json ones have none)
+                if ev.get("isApiErrorMessage") or msg.get("model") == "<synthetic>":
+                    text_ = " ".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+                    errors.append(text_ or str(ev.get("error") or "model call failed"))
+                    continue
+                mid = str(msg.get("id") or ev.get("requestId") or ev.get("uuid"))
+                if mid not in tokens:
+                    order.append(mid)
+                    tokens[mid], calls[mid] = None, []
+                usage = msg.get("usage") or {}
+                n = usage.get("output_tokens") if isinstance(usage, dict) else None
+                if isinstance(n, int) and n > (tokens[mid] or 0):
+                    tokens[mid] = n
+                for block in blocks:
+                    if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
+                        if str(block["id"]) not in calls[mid]:
+                            calls[mid].append(str(block["id"]))
+            elif kind == "result" and ev.get("is_error") and ev.get("subtype") != "error_max_turns":
+                errors.append(str(ev.get("result") or ev.get("subtype") or "the run failed"))
+        for mid in order:
+            out.add_step(tokens[mid], tuple(calls[mid]))
+        if errors and out.model_calls == 0:
+            low = errors[-1].lower()
+            out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"
+            out.error = errors[-1][:500]
+        elif errors:
+            out.error_kind = "agent_crashed"
+            out.error = f"{len(errors)} error(s) in the agent: {errors[-1][:400]}"
+        return out

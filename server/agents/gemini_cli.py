@@ -1,0 +1,183 @@
+"""Gemini CLI (`@google/gemini-cli`), run headless: `gemini -p … --output-format stream-json --yolo`, prompt on
+stdin, Gemini dialect (`:streamGenerateContent?alt=sse`).
+
+Installed with `--omit=optional`: the package ships one self-contained JS bundle; its optional native modules
+(`node-pty` for interactive shells, `keytar` for a keychain) are neither built nor used — the shell tool runs
+commands through plain child processes (`tools.shell.enableInteractiveShell: false`), and no C++ compiler is needed.
+It runs on its bundle's own Node, like Pi.
+
+Configuration (NOTES §3): `GOOGLE_GEMINI_BASE_URL` is the capture root, `security.auth.selectedType:
+"gemini-api-key"` and `GEMINI_API_KEY` from an env file (sent as `x-goog-api-key`), never argv; `-m` the model (no
+router call). Our settings are the *system* settings file (`GEMINI_CLI_SYSTEM_SETTINGS_PATH`), which overrides user
+and workspace settings key by key; a repo's `.gemini/.env` is ignored (`advanced.ignoreLocalEnv`), its MCP servers
+never start (`--allowed-mcp-server-names` names none of them, `mcp.allowed` too), its hooks never run
+(`hooksConfig.enabled: false`), nor its tool discovery / call / MCP server commands (set empty); folder trust is off
+(so `--yolo` is not downgraded); no telemetry, usage statistics, update check or IDE; web tools excluded;
+`model.maxSessionTurns` from the harness option `max_turns`.
+
+The agent's record is its session transcript (`$GEMINI_CLI_HOME/.gemini/tmp/<project>/chats/session-*.jsonl`),
+copied to a fixed path while it runs, followed by the `stream-json` output (its `error` and `result` events).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import ClassVar
+
+from swe_gym_env.server.agents.base import (
+    AGENT_HOME,
+    BUNDLE_MOUNT,
+    AgentConfig,
+    AgentOutcome,
+    NpmArtifact,
+    npm_install,
+    run_and_collect,
+)
+from swe_gym_env.server.agents.bundle import NODE, require_bundle
+from swe_gym_env.server.assets import cache_dir
+
+CLI_HOME = f"{AGENT_HOME}/.gemini-home"
+SYSTEM_SETTINGS = f"{AGENT_HOME}/.gemini-system-settings.json"
+EVENTS = f"{AGENT_HOME}/gemini-events.jsonl"
+STDOUT = f"{AGENT_HOME}/gemini-stream.jsonl"
+STDERR = f"{AGENT_HOME}/gemini-stderr.txt"
+CLI = "gemini/node_modules/@google/gemini-cli/bundle/gemini.js"  # in the bundle
+NO_MCP = "swe-gym-no-mcp-server"  # the only MCP server name allowed: none has it
+DEFAULT_MAX_TURNS = 100
+UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
+
+
+def _call_id(call: dict) -> str:
+    """The capture's tool-call id: gemini-cli records a call as `<tool name>__<functionCall id>`."""
+    cid, name = str(call.get("id")), str(call.get("name") or "")
+    return cid.removeprefix(f"{name}__") if name else cid
+
+
+def max_turns(cfg: AgentConfig) -> int:
+    raw = cfg.options.get("max_turns")
+    try:
+        return max(1, int(raw)) if raw is not None else DEFAULT_MAX_TURNS
+    except ValueError:
+        return DEFAULT_MAX_TURNS
+
+
+class GeminiCliHarness:
+    name: ClassVar[str] = "gemini-cli"
+    version: ClassVar[str] = "0.61.0"
+    dialect: ClassVar[str] = "gemini"
+    min_context_tokens: ClassVar[int] = 16384
+    package: ClassVar[str] = "@google/gemini-cli"
+    needs_node: ClassVar[bool] = True
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (NODE,)
+    min_glibc: ClassVar[str] = "2.28"  # Node 22's official binary
+    bundle_probe: ClassVar[str] = "./node/bin/node --version"
+    bundle_verifier: ClassVar[str | None] = "./node/bin/node"
+
+    def install_dir(self) -> Path:
+        return cache_dir() / "agents" / f"gemini-cli-{self.version}"
+
+    def cli_js(self, root: Path) -> Path:
+        return root / "node_modules" / "@google" / "gemini-cli" / "bundle" / "gemini.js"
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        if not self.cli_js(root).is_file():
+            npm_install(root, f"{self.package}@{self.version}", self.cli_js(root), ("--omit=optional",), log)
+        return root
+
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        return {"node/bin/node": artifacts[NODE.package], "gemini/node_modules": self.install_dir() / "node_modules"}
+
+    def mounts(self) -> dict[str, str]:
+        return {str(require_bundle(self).path): BUNDLE_MOUNT}
+
+    def settings(self, cfg: AgentConfig) -> dict:
+        return {
+            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False, "logPrompts": False},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+            "ide": {"enabled": False},
+            "advanced": {"ignoreLocalEnv": True},
+            "model": {"name": cfg.model, "maxSessionTurns": max_turns(cfg)},
+            # a trusted workspace's own settings load under these: every key that would run a command is set here
+            "tools": {
+                "exclude": ["web_fetch", "google_web_search"],
+                "shell": {"enableInteractiveShell": False},
+                "discoveryCommand": "",
+                "callCommand": "",
+            },
+            "hooksConfig": {"enabled": False},
+            "mcp": {"allowed": [NO_MCP], "serverCommand": ""},
+            "mcpServers": {},
+            "experimental": {"extensionManagement": False},
+        }
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        env = {
+            "GEMINI_API_KEY": key,
+            "GOOGLE_GEMINI_BASE_URL": cfg.base_url.rstrip("/"),
+            "GEMINI_CLI_HOME": CLI_HOME,
+            "GEMINI_CLI_SYSTEM_SETTINGS_PATH": SYSTEM_SETTINGS,
+            "GEMINI_TELEMETRY_ENABLED": "false",
+            "GEMINI_CLI_NO_RELAUNCH": "true",
+        }
+        settings = json.dumps(self.settings(cfg), indent=2).encode()
+        return {
+            SYSTEM_SETTINGS: (settings, 0o600),
+            f"{CLI_HOME}/.gemini/settings.json": (settings, 0o600),
+            f"{AGENT_HOME}/.capture.env": ("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()).encode(), 0o600),
+            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+        }
+
+    def command(self, cfg: AgentConfig) -> str:
+        run = (
+            f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{CLI} --output-format stream-json --yolo "
+            f"--allowed-mcp-server-names {NO_MCP} -m {shlex.quote(cfg.model)} "
+            f"< {AGENT_HOME}/prompt.txt > {STDOUT} 2> {STDERR}"
+        )
+        return (
+            "unset GOOGLE_API_KEY GOOGLE_GENAI_USE_VERTEXAI GOOGLE_CLOUD_PROJECT GEMINI_MODEL\n"
+            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
+            + run_and_collect(run, f"{CLI_HOME}/.gemini/tmp/*/chats/session-*.jsonl {STDOUT}", EVENTS)
+        )
+
+    events_path = EVENTS
+    log_path = STDERR
+
+    def parse_events(self, text: str) -> AgentOutcome:
+        out = AgentOutcome()
+        errors: list[str] = []
+        replies: dict[str, tuple[int | None, tuple[str, ...]]] = {}  # by record id: a record is rewritten as it grows
+        for line in text.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            kind = ev.get("type")
+            if kind == "gemini" and ev.get("id"):  # a transcript record: one model reply
+                tokens = ev.get("tokens") or {}
+                n = tokens.get("output") if isinstance(tokens, dict) else None
+                raw = ev.get("toolCalls")
+                calls: list = raw if isinstance(raw, list) else []
+                ids = tuple(_call_id(c) for c in calls if isinstance(c, dict) and c.get("id"))
+                replies[str(ev["id"])] = (n if isinstance(n, int) else None, ids)
+            elif kind == "error" and "severity" in ev:  # the stream-json output
+                errors.append(str(ev.get("message") or "error"))
+            elif kind == "result" and ev.get("status") == "error":
+                err = ev.get("error")
+                errors.append(str(err.get("message") if isinstance(err, dict) else err or "the run failed"))
+        for n, ids in replies.values():
+            out.add_step(n, ids)
+        if errors and out.model_calls == 0:
+            low = errors[-1].lower()
+            out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"
+            out.error = errors[-1][:500]
+        elif errors:
+            out.error_kind = "agent_crashed"
+            out.error = f"{len(errors)} error(s) in the agent: {errors[-1][:400]}"
+        return out
