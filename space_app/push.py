@@ -15,9 +15,6 @@ What it sends, in order (``--dry-run`` prints exactly this, secret values redact
 The project is read from a source checkout (``root``: ``--root``, else ``$SWE_GYM_CHECKOUT``, else the current directory
 or a parent of it; see `swe_gym_env.procs.checkout_dir`), never from where this module happens to be installed.
 The HF client is injected (``api``), so tests pass a recording fake checked against the real ``HfApi``.
-
-`sandbox_build_args` gives space_app/sandbox.Dockerfile (the HF Sandbox image) its agent versions from the harness
-classes: ``docker build -f space_app/sandbox.Dockerfile $(python -m swe_gym_env.space_app.push build-args) …``.
 """
 
 from __future__ import annotations
@@ -315,21 +312,3 @@ def _checkout() -> Path:
             f"or pass --root DIR (or set ${procs.CHECKOUT_ENV})"
         )
     return root
-
-
-# -- the HF Sandbox image: its agent versions come from the harness classes ---------------------------------------
-def sandbox_build_args() -> dict[str, str]:
-    """space_app/sandbox.Dockerfile's build args: ``<HARNESS>_VERSION`` for every harness, from its class (the
-    Dockerfile's defaults must agree with these; tests/test_layering.py checks it)."""
-    from swe_gym_env.server.agents.registry import HARNESSES
-
-    return {f"{name.upper()}_VERSION": cls.version for name, cls in HARNESSES.items()}
-
-
-if __name__ == "__main__":
-    import shlex
-    import sys
-
-    if sys.argv[1:] != ["build-args"]:
-        sys.exit("usage: python -m swe_gym_env.space_app.push build-args")
-    print(" ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in sandbox_build_args().items()))

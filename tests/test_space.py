@@ -297,21 +297,19 @@ def test_space_image_builds_and_answers_health(space_image):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_hf_sandbox_image_bakes_node_pi_and_opencode():
+def test_hf_sandbox_image_has_no_agent_and_what_bundle_delivery_needs():
+    """Agents reach HF sandboxes as bundles uploaded at boot (tests/test_agent_bundles.py runs that delivery): the
+    image bakes none, has no Node, and lets its non-root user unpack and check a bundle."""
     require(docker_ready(), f"no docker daemon with {BASE_IMAGE}: run `bash scripts/setup_docker.sh`")
     image = "swe-gym-env/sandbox:test"
     argv = ["docker", "build", "--network", "host", "-f", str(REPO / "space_app" / "sandbox.Dockerfile")]
     argv += ["--build-arg", f"BASE={BASE_IMAGE}", "-t", image]
-    extra_ca = "".join(p.read_text() for p in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")))
-    if extra_ca:
-        argv += ["--build-arg", f"EXTRA_CA_CERT={extra_ca}"]
     build = subprocess.run([*argv, str(REPO / "space_app")], capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     script = (
-        "id -u; node --version; "
-        "node /opt/agents/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js --version 2>&1; "
-        "/opt/agents/opencode/node_modules/opencode-linux-x64/bin/opencode --version; "
-        "test -d /opt/agents/opencode-config/node_modules/@opencode-ai/plugin && echo plugin"
+        "id -u; command -v node || echo no-node; ls -A /opt/swe-gym-agent | wc -l; "
+        "touch /opt/swe-gym-agent/x && rm /opt/swe-gym-agent/x && echo writable; "
+        "for t in git tar gzip sha256sum python3; do command -v $t >/dev/null && echo $t; done"
     )
     run = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", image, "sh", "-c", script],
@@ -319,9 +317,8 @@ def test_hf_sandbox_image_bakes_node_pi_and_opencode():
         text=True,
         timeout=120,
     )
-    lines = run.stdout.split()
-    assert run.returncode == 0 and lines[0] == "1000" and lines[1].startswith("v22."), run.stdout + run.stderr
-    assert lines[2:] == ["0.73.1", "1.18.33", "plugin"]  # runs offline (--network none): nothing left to install
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split() == ["1000", "no-node", "0", "writable", "git", "tar", "gzip", "sha256sum", "python3"]
 
 
 # -- one Space, whole stack: `serve --vllm-model` with the CPU build of vLLM ----------------------------------
