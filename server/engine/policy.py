@@ -120,7 +120,16 @@ def _hunks(patch: str) -> list[tuple[str, str, str]]:
 
 
 class OraclePolicy(Policy):
+    """Applies the task's gold patch through the agent's own tools. With ``probe`` (policy `oracle+probe`) it first
+    runs one shell command through the agent's shell tool and then goes on: its output lands in the next prompt,
+    so a test can read from the capture what the agent's commands saw (their environment, what is on PATH)."""
+
     name = "oracle"
+
+    def __init__(self, probe: str | None = None) -> None:
+        self.probe = probe
+        if probe:
+            self.name = "oracle+probe"
 
     def plan(self, task: Task, tools: list[dict] | None, workdir: str | None = None) -> list[Reply]:
         """The gold patch through the agent's own tools, in the work tree its prompt names (else the task's)."""
@@ -165,6 +174,12 @@ class OraclePolicy(Policy):
             if "description" in params[name]:  # OpenCode's bash, claude-code's Bash
                 args["description"] = "apply the fix"
             actions = [Reply(tool_calls=[(name, args)])]
+        if self.probe and shell is not None:
+            name, arg = shell
+            probe: dict[str, Any] = {arg: self.probe}
+            if "description" in params[name]:
+                probe["description"] = "look at the environment"
+            actions.insert(0, Reply(tool_calls=[(name, probe)]))
         return [*actions, Reply(content=DONE)]
 
     def reply(self, messages, tools):
@@ -209,11 +224,17 @@ def _codex_patch(patch: str, workdir: str) -> str:
 WORKDIR_IN_PROMPT = re.compile(r"working in a git repository at (/\S+?)\.\s")
 
 
+# what `oracle+probe` asks the agent's shell first: the Python and env its commands get, and whether a node exists
+PROBE = 'echo "probe: python=$(command -v python) env=${CONDA_DEFAULT_ENV:-none} node=$(command -v node || echo none)"'
+
+
 def make_policy(spec: str) -> Policy:
     if spec == "oracle":
         return OraclePolicy()
+    if spec == "oracle+probe":
+        return OraclePolicy(probe=PROBE)
     if spec == "noop":
         return NoopPolicy()
     if spec.startswith("script:"):
         return ScriptPolicy(Path(spec.removeprefix("script:")))
-    raise ValueError(f"unknown policy {spec!r}: use oracle, noop or script:FILE")
+    raise ValueError(f"unknown policy {spec!r}: use oracle, oracle+probe, noop or script:FILE")
