@@ -312,6 +312,10 @@ DIAGNOSES = [
         re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'"),
         "the tests cannot import {0!r}: a dependency is missing from the task's environment",
     ),
+    (
+        re.compile(r"(?m): No module named ([\w.]+)$"),  # `python -m pytest` where pytest is not installed
+        "{0!r} is not installed in the task's environment: declare it in install_config.pip_packages",
+    ),
     (re.compile(r"(?m)^(?:\S+: )?(?:line \d+: )?(\S+): (?:command )?not found$"), "command not found: {0}"),
     (re.compile(r"swe-gym: task environment (\S+) is not built"), "the task's local environment {0} is not built"),
 ]

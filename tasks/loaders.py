@@ -49,7 +49,7 @@ def guess_kind(source: str, first_row: dict[str, Any] | None = None) -> Kind:
     cache lives under `swe_gym_env/`), else from the name (Hub ids, file names), else SWE-Gym."""
     row = first_row or {}
     by_row: Kind | None = None
-    if "docker_image" in row or "image_name" in row or "install_config" in row:
+    if row.get("docker_image") or row.get("image_name") or row.get("install_config"):  # null fields say nothing
         by_row = "swe-rebench"
     elif "environment_setup_commit" in row or isinstance(row.get("FAIL_TO_PASS"), str):
         by_row = "swe-bench"
@@ -128,7 +128,7 @@ def normalise_row(row: dict[str, Any], kind: Kind, source: str) -> dict[str, Any
         out["test_cmd"] = test_cmd
         out["log_parser"] = raw.get("log_parser") or row.get("log_parser") or "parse_log_pytest"
         try:
-            cfg = InstallConfig.model_validate(raw)
+            cfg = InstallConfig.model_validate(raw) if raw else None  # no install_config: the image's env, if any
         except ValidationError as e:
             err = e.errors()[0]
             raise ValueError(f"install_config.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None

@@ -365,7 +365,7 @@ async def wait_turns(base: str, rid: str, n: int, limit_s: float = 120.0) -> dic
 
 async def test_client_disconnects_mid_rollout(bed):
     """The rollout runs in its own task: a caller that goes away neither stops it nor loses it."""
-    bed.engine.set("slow", delay_s=2.0)
+    bed.engine.set("slow", delay_s=1.0)  # under the bed's stall timeout: slow, not stalled
     before = bed.snapshot()
     rid = "disconnect-" + os.urandom(4).hex()
     base = f"http://127.0.0.1:{bed.stack.server_port}"

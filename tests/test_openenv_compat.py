@@ -38,6 +38,7 @@ from swe_gym_env.server.openenv import (
 )
 from swe_gym_env.server.openenv.http_bridge import _is_openenv_request
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.tasks.catalog import split_names
 
 pytestmark = pytest.mark.anyio
 
@@ -98,7 +99,7 @@ def ws_url(base: str, path: str = "/ws") -> str:
 # -- Task API, /metadata, /schema, /health ---------------------------------------------------------------------------
 def test_task_api_matches_openenv_and_never_exposes_patches(base):
     assert httpx.get(f"{base}/list_environments").json() == [ENV_NAME]
-    assert httpx.get(f"{base}/{ENV_NAME}/splits").json() == [{"name": "bundled", "type": "validation"}]
+    assert httpx.get(f"{base}/{ENV_NAME}/splits").json() == [{"name": s, "type": "validation"} for s in split_names()]
 
     tasks = httpx.post(f"{base}/{ENV_NAME}/tasks", json={"split": "bundled"}).json()
     assert tasks["env_name"] == ENV_NAME and len(tasks["tasks"]) == 6
@@ -206,7 +207,7 @@ async def test_standard_mcp_client_still_works_on_the_same_path(base):
         page = await c.call_tool("list_tasks", {"limit": 1})
         assert page.structured_content["total"] == 6
         caps = await c.call_tool("capabilities", {})
-        assert caps.structured_content["splits"] == ["bundled"]
+        assert caps.structured_content["splits"] == split_names()
 
 
 def test_which_posts_are_openenv_s():
@@ -344,7 +345,7 @@ async def test_ws_mcp_jsonrpc_frames(base):
         reply = await ws_call(
             ws, {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "capabilities"}, "id": 3}
         )
-        assert reply["id"] == 3 and reply["result"]["data"]["splits"] == ["bundled"]
+        assert reply["id"] == 3 and reply["result"]["data"]["splits"] == split_names()
         assert (await ws_call(ws, "nope"))["error"]["code"] == -32700
 
 

@@ -9,6 +9,7 @@ import tempfile
 import pytest
 from fastmcp import Client
 
+from swe_gym_env import names
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.tasks.catalog import bundled_tasks
 
@@ -98,7 +99,7 @@ async def test_task_tools_never_reveal_patches(stack):
     dump = json.dumps([page, one])
     assert "diff --git" not in dump and '"patch"' not in dump and '"test_patch"' not in dump
     assert one["instance_id"] == bundled_tasks()[2].instance_id
-    assert caps["harnesses"] == ["opencode", "pi"] and "local" in caps["sandboxes"] and "bundled" in caps["splits"]
+    assert caps["harnesses"] == sorted(names.HARNESSES) and "local" in caps["sandboxes"] and "bundled" in caps["splits"]
 
 
 async def test_disconnected_client_fetches_the_result_by_id_and_reruns_are_idempotent(stack):

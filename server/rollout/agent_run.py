@@ -125,7 +125,8 @@ def cross_check(req: RolloutRequest, outcome: AgentOutcome, session: CaptureSess
 
 def engine_failure(session: CaptureSession) -> str | None:
     """Why the rollout fails for its engine: too many failed calls in a row, or failed calls the agent did not
-    recover from (none succeeded after them). None when every failure was followed by a success."""
+    recover from (none succeeded after them); `endpoint_unreachable` when the engine could not be reached at all.
+    None when every failure was followed by a success."""
     if session.stop_reason != "engine_failures" and not session.consecutive_failures:
         return None
     last = session.failures[-1][1] if session.failures else "unknown error"
@@ -133,7 +134,8 @@ def engine_failure(session: CaptureSession) -> str | None:
         what = f"{session.consecutive_failures} model calls in a row failed (the limit), so the rollout stopped"
     else:
         what = f"the agent did not recover from {session.consecutive_failures} failed model call(s) at the end"
-    return f"engine_failures: {what}; {session.failed} failed in all; last: {last}"
+    kind = "endpoint_unreachable" if last.startswith("engine unreachable") else "engine_failures"
+    return f"{kind}: {what}; {session.failed} failed in all; last: {last}"
 
 
 def saw_task(session: CaptureSession, problem: str) -> bool:
