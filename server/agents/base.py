@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol
@@ -183,6 +184,18 @@ class Harness(Protocol):
     def command(self, cfg: AgentConfig) -> str: ...
 
     def parse_events(self, text: str) -> AgentOutcome: ...
+
+
+def jsonl_objects(text: str) -> Iterator[dict]:
+    """The JSON objects of an agent's JSONL events or transcript, one per line; anything else (a partial last line,
+    a stray print) is skipped."""
+    for line in text.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            yield ev
 
 
 def run_and_collect(run: str, transcript_glob: str, events: str, every_s: float = 0.5) -> str:

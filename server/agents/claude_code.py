@@ -30,6 +30,7 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    jsonl_objects,
     npm_install,
     run_and_collect,
 )
@@ -145,13 +146,7 @@ class ClaudeCodeHarness:
         order: list[str] = []  # message ids, in order
         tokens: dict[str, int | None] = {}
         calls: dict[str, list[str]] = {}
-        for line in text.splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(ev, dict):
-                continue
+        for ev in jsonl_objects(text):
             kind = ev.get("type")
             msg = ev.get("message")
             msg = msg if isinstance(msg, dict) else {}

@@ -31,6 +31,7 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    jsonl_objects,
     npm_install,
     run_and_collect,
 )
@@ -150,13 +151,7 @@ class CodexHarness:
         calls: list[str] = []
         pending = False  # assistant-side items since the last token count
         last_total: object = None
-        for line in text.splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(ev, dict):
-                continue
+        for ev in jsonl_objects(text):
             kind = ev.get("type")
             payload = ev.get("payload")
             payload = payload if isinstance(payload, dict) else {}

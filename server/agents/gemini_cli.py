@@ -32,6 +32,7 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    jsonl_objects,
     npm_install,
     run_and_collect,
 )
@@ -151,13 +152,7 @@ class GeminiCliHarness:
         out = AgentOutcome()
         errors: list[str] = []
         replies: dict[str, tuple[int | None, tuple[str, ...]]] = {}  # by record id: a record is rewritten as it grows
-        for line in text.splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(ev, dict):
-                continue
+        for ev in jsonl_objects(text):
             kind = ev.get("type")
             if kind == "gemini" and ev.get("id"):  # a transcript record: one model reply
                 tokens = ev.get("tokens") or {}

@@ -22,6 +22,7 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    jsonl_objects,
     npm_install,
 )
 from swe_gym_env.server.agents.bundle import RIPGREP, require_bundle
@@ -126,13 +127,7 @@ class OpenCodeHarness:
         out = AgentOutcome()
         errors: list[str] = []
         calls: list[str] = []  # tool calls of the step in progress
-        for line in text.splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(ev, dict):
-                continue
+        for ev in jsonl_objects(text):
             kind = ev.get("type")
             part = ev.get("part")
             part = part if isinstance(part, dict) else {}

@@ -20,6 +20,7 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    jsonl_objects,
     npm_install,
 )
 from swe_gym_env.server.agents.bundle import NODE, require_bundle
@@ -94,12 +95,8 @@ class PiHarness:
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
         errors: list[str] = []
-        for line in text.splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(ev, dict) or ev.get("type") != "message_end":
+        for ev in jsonl_objects(text):
+            if ev.get("type") != "message_end":
                 continue
             msg = ev.get("message") or {}
             if msg.get("role") != "assistant":
