@@ -186,6 +186,18 @@ class Harness(Protocol):
     def parse_events(self, text: str) -> AgentOutcome: ...
 
 
+DEFAULT_MAX_TURNS = 100
+
+
+def max_turns(cfg: AgentConfig) -> int:
+    """The rollout's `max_turns` harness option for CLIs that take a turn limit (at least 1; default 100)."""
+    raw = cfg.options.get("max_turns")
+    try:
+        return max(1, int(raw)) if raw is not None else DEFAULT_MAX_TURNS
+    except ValueError:
+        return DEFAULT_MAX_TURNS
+
+
 def jsonl_objects(text: str) -> Iterator[dict]:
     """The JSON objects of an agent's JSONL events or transcript, one per line; anything else (a partial last line,
     a stray print) is skipped."""

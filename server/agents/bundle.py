@@ -34,8 +34,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from swe_gym_env.server.agents.base import AgentError, Harness, NpmArtifact
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT, AgentError, Harness, NpmArtifact
 from swe_gym_env.server.assets import cache_dir
 from swe_gym_env.server.sandbox.bundles import BUNDLE_META, BUNDLE_SUMS, bundle_meta
 
@@ -231,6 +232,20 @@ def find_bundle(h: Harness) -> Bundle | None:
     except OSError:
         return None
     return Bundle(path, meta)
+
+
+class BundledHarness:
+    """What every harness shares: installed from npm under the cache (`<name>-<version>`), run from its bundle
+    mounted (or delivered) at BUNDLE_MOUNT."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+
+    def install_dir(self) -> Path:
+        return cache_dir() / "agents" / f"{self.name}-{self.version}"
+
+    def mounts(self) -> dict[str, str]:
+        return {str(require_bundle(self).path): BUNDLE_MOUNT}  # type: ignore[arg-type]
 
 
 def require_bundle(h: Harness) -> Bundle:

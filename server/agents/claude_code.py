@@ -31,17 +31,16 @@ from swe_gym_env.server.agents.base import (
     AgentOutcome,
     NpmArtifact,
     jsonl_objects,
+    max_turns,
     npm_install,
     run_and_collect,
 )
-from swe_gym_env.server.agents.bundle import RIPGREP, require_bundle
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.server.agents.bundle import RIPGREP, BundledHarness
 
 CONFIG_DIR = f"{AGENT_HOME}/.claude"
 EVENTS = f"{AGENT_HOME}/claude-events.jsonl"
 STDOUT = f"{AGENT_HOME}/claude-stream.jsonl"
 STDERR = f"{AGENT_HOME}/claude-stderr.txt"
-DEFAULT_MAX_TURNS = 100
 DISALLOWED = ("WebFetch", "WebSearch")
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
 QUIET_ENV = {
@@ -59,15 +58,7 @@ QUIET_ENV = {
 }
 
 
-def max_turns(cfg: AgentConfig) -> int:
-    raw = cfg.options.get("max_turns")
-    try:
-        return max(1, int(raw)) if raw is not None else DEFAULT_MAX_TURNS
-    except ValueError:
-        return DEFAULT_MAX_TURNS
-
-
-class ClaudeCodeHarness:
+class ClaudeCodeHarness(BundledHarness):
     name: ClassVar[str] = "claude-code"
     version: ClassVar[str] = "2.1.332"
     dialect: ClassVar[str] = "anthropic-messages"
@@ -78,9 +69,6 @@ class ClaudeCodeHarness:
     min_glibc: ClassVar[str] = "2.26"  # objdump -T of the binary
     bundle_probe: ClassVar[str] = "./bin/rg --version >/dev/null && test -x ./bin/claude"
     bundle_verifier: ClassVar[str | None] = None
-
-    def install_dir(self) -> Path:
-        return cache_dir() / "agents" / f"claude-code-{self.version}"
 
     def binary(self, root: Path) -> Path:
         return root / "node_modules" / self.package / "claude"
@@ -93,9 +81,6 @@ class ClaudeCodeHarness:
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         return {"bin/claude": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
-
-    def mounts(self) -> dict[str, str]:
-        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def env(self, cfg: AgentConfig) -> dict[str, str]:
         return {

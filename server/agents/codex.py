@@ -35,8 +35,7 @@ from swe_gym_env.server.agents.base import (
     npm_install,
     run_and_collect,
 )
-from swe_gym_env.server.agents.bundle import require_bundle
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.server.agents.bundle import BundledHarness
 
 PROVIDER = "capture"
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
@@ -53,7 +52,7 @@ def _toml(value: object) -> str:
     return json.dumps(value)  # a JSON string or number is a valid TOML basic string / number
 
 
-class CodexHarness:
+class CodexHarness(BundledHarness):
     name: ClassVar[str] = "codex"
     version: ClassVar[str] = "0.171.0"
     dialect: ClassVar[str] = "openai-responses"
@@ -64,9 +63,6 @@ class CodexHarness:
     min_glibc: ClassVar[str] = "2.17"  # static-pie musl: no glibc symbols at all (any image with a kernel runs it)
     bundle_probe: ClassVar[str] = "./bin/codex --version >/dev/null && ./bin/rg --version >/dev/null"
     bundle_verifier: ClassVar[str | None] = None
-
-    def install_dir(self) -> Path:
-        return cache_dir() / "agents" / f"codex-{self.version}"
 
     def vendor(self, root: Path) -> Path:
         return root / "node_modules" / self.package / VENDOR
@@ -81,9 +77,6 @@ class CodexHarness:
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         vendor = self.vendor(self.install_dir())
         return {"bin/codex": vendor / "bin" / "codex", "bin/rg": vendor / "codex-path" / "rg"}
-
-    def mounts(self) -> dict[str, str]:
-        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def config_toml(self, cfg: AgentConfig) -> str:
         lines = [

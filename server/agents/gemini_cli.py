@@ -33,11 +33,11 @@ from swe_gym_env.server.agents.base import (
     AgentOutcome,
     NpmArtifact,
     jsonl_objects,
+    max_turns,
     npm_install,
     run_and_collect,
 )
-from swe_gym_env.server.agents.bundle import NODE, require_bundle
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.server.agents.bundle import NODE, BundledHarness
 
 CLI_HOME = f"{AGENT_HOME}/.gemini-home"
 SYSTEM_SETTINGS = f"{AGENT_HOME}/.gemini-system-settings.json"
@@ -46,7 +46,6 @@ STDOUT = f"{AGENT_HOME}/gemini-stream.jsonl"
 STDERR = f"{AGENT_HOME}/gemini-stderr.txt"
 CLI = "gemini/node_modules/@google/gemini-cli/bundle/gemini.js"  # in the bundle
 NO_MCP = "swe-gym-no-mcp-server"  # the only MCP server name allowed: none has it
-DEFAULT_MAX_TURNS = 100
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
 
 
@@ -56,15 +55,7 @@ def _call_id(call: dict) -> str:
     return cid.removeprefix(f"{name}__") if name else cid
 
 
-def max_turns(cfg: AgentConfig) -> int:
-    raw = cfg.options.get("max_turns")
-    try:
-        return max(1, int(raw)) if raw is not None else DEFAULT_MAX_TURNS
-    except ValueError:
-        return DEFAULT_MAX_TURNS
-
-
-class GeminiCliHarness:
+class GeminiCliHarness(BundledHarness):
     name: ClassVar[str] = "gemini-cli"
     version: ClassVar[str] = "0.61.0"
     dialect: ClassVar[str] = "gemini"
@@ -75,9 +66,6 @@ class GeminiCliHarness:
     min_glibc: ClassVar[str] = "2.28"  # Node 22's official binary
     bundle_probe: ClassVar[str] = "./node/bin/node --version"
     bundle_verifier: ClassVar[str | None] = "./node/bin/node"
-
-    def install_dir(self) -> Path:
-        return cache_dir() / "agents" / f"gemini-cli-{self.version}"
 
     def cli_js(self, root: Path) -> Path:
         return root / "node_modules" / "@google" / "gemini-cli" / "bundle" / "gemini.js"
@@ -90,9 +78,6 @@ class GeminiCliHarness:
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         return {"node/bin/node": artifacts[NODE.package], "gemini/node_modules": self.install_dir() / "node_modules"}
-
-    def mounts(self) -> dict[str, str]:
-        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def settings(self, cfg: AgentConfig) -> dict:
         return {

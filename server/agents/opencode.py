@@ -25,8 +25,7 @@ from swe_gym_env.server.agents.base import (
     jsonl_objects,
     npm_install,
 )
-from swe_gym_env.server.agents.bundle import RIPGREP, require_bundle
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.server.agents.bundle import RIPGREP, BundledHarness
 
 PROVIDER = "capture"
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
@@ -37,7 +36,7 @@ PLUGIN = "@opencode-ai/plugin"
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
 
 
-class OpenCodeHarness:
+class OpenCodeHarness(BundledHarness):
     name: ClassVar[str] = "opencode"
     version: ClassVar[str] = "1.18.33"
     # its first prompt is ~7.9k tokens (system prompt + 10 tools): in less it compacts at once, never sees the task
@@ -52,9 +51,6 @@ class OpenCodeHarness:
     bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/opencode --version && ./bin/rg --version >/dev/null"
     bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/opencode"
 
-    def install_dir(self) -> Path:
-        return cache_dir() / "agents" / f"opencode-{self.version}"
-
     def binary(self, root: Path) -> Path:
         return root / "node_modules" / self.package / "bin" / "opencode"
 
@@ -66,9 +62,6 @@ class OpenCodeHarness:
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         return {"bin/opencode": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
-
-    def mounts(self) -> dict[str, str]:
-        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
         config = {

@@ -23,9 +23,8 @@ from swe_gym_env.server.agents.base import (
     jsonl_objects,
     npm_install,
 )
-from swe_gym_env.server.agents.bundle import NODE, require_bundle
+from swe_gym_env.server.agents.bundle import NODE, BundledHarness
 from swe_gym_env.server.agents.pi_apis import DEFAULT_API, PI_APIS, capture_tool_call_id, pi_provider
-from swe_gym_env.server.assets import cache_dir
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
@@ -33,7 +32,7 @@ EVENTS = f"{AGENT_HOME}/pi-events.jsonl"
 CLI = "pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"  # in the bundle
 
 
-class PiHarness:
+class PiHarness(BundledHarness):
     name: ClassVar[str] = "pi"
     version: ClassVar[str] = "0.73.1"
     min_context_tokens: ClassVar[int] = 4096  # its first prompt is ~1.5k tokens (4 tools); room for a few steps
@@ -45,9 +44,6 @@ class PiHarness:
     min_glibc: ClassVar[str] = "2.28"
     bundle_probe: ClassVar[str] = "./node/bin/node --version"
     bundle_verifier: ClassVar[str | None] = "./node/bin/node"  # runs VERIFY_JS (sandbox/bundles.py)
-
-    def install_dir(self) -> Path:
-        return cache_dir() / "agents" / f"pi-{self.version}"
 
     def cli_js(self, root: Path) -> Path:
         return root / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
@@ -61,9 +57,6 @@ class PiHarness:
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         return {"node/bin/node": artifacts[NODE.package], "pi/node_modules": self.install_dir() / "node_modules"}
-
-    def mounts(self) -> dict[str, str]:
-        return {str(require_bundle(self).path): BUNDLE_MOUNT}
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
         api = cfg.options.get("api", DEFAULT_API)
