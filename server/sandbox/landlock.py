@@ -66,7 +66,6 @@ from pathlib import Path
 from swe_gym_env.server.assets import cache_dir, package_file, task_runtime_dir
 from swe_gym_env.server.sandbox import cgroups, confine
 from swe_gym_env.server.sandbox.base import (
-    SECRETS_FILE,
     PipeProcess,
     SandboxError,
     SandboxSpec,
@@ -262,17 +261,7 @@ class LandlockSandbox(LocalSandbox):
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
-        try:
-            for d in ("testbed", "home", "tmp", "tmp/.swe-gym"):
-                (root / d).mkdir()
-            (root / "labels.json").write_text(json.dumps({**spec.labels, "expires_at": str(int(sbx.expires_at))}))
-            if spec.secrets:
-                await sbx.write_file(SECRETS_FILE, sbx.secrets_file(), 0o600)
-            sbx.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
-            await sbx._clone()
-        except BaseException:
-            await sbx.close()
-            raise
+        await sbx._lay_out()  # local's layout, closed again if a step fails
         return sbx
 
     # -- commands ----------------------------------------------------------------------------------------------

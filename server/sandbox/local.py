@@ -135,18 +135,23 @@ class LocalSandbox(SandboxBase):
             raise SandboxError("the local backend needs a repository source (this task needs an image backend)")
         root = owned_dir(DIR_PREFIX)
         sbx = cls(spec, root)
+        await sbx._lay_out()
+        return sbx
+
+    async def _lay_out(self) -> None:
+        """The sandbox's dirs, labels, secrets file, cgroup and clone of the repository; closed if a step fails."""
+        root, spec = self.root, self.spec
         try:
             for d in ("testbed", "home", "tmp", "tmp/.swe-gym"):
                 (root / d).mkdir()
-            (root / "labels.json").write_text(json.dumps({**spec.labels, "expires_at": str(int(sbx.expires_at))}))
+            (root / "labels.json").write_text(json.dumps({**spec.labels, "expires_at": str(int(self.expires_at))}))
             if spec.secrets:
-                await sbx.write_file(SECRETS_FILE, sbx.secrets_file(), 0o600)
-            sbx.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
-            await sbx._clone()
+                await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+            self.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
+            await self._clone()
         except BaseException:
-            await sbx.close()
+            await self.close()
             raise
-        return sbx
 
     async def _clone(self) -> None:
         testbed = self.root / "testbed"
