@@ -11,8 +11,9 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import get_args
 
-from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutSummary, failed_result
+from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutSummary, failed_result
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: nothing that could leave the dir
 
@@ -27,8 +28,9 @@ class ResultsStore:
         tmp.write_text(text)
         tmp.replace(path)
 
-    def mark_running(self, rollout_id: str, req: RolloutRequest) -> None:
-        body = {"rollout_id": rollout_id, "request": req.model_dump(mode="json"), "started_at": time.time()}
+    def mark_running(self, rollout_id: str, req: RolloutRequest, phase: Phase = "validate") -> None:
+        """Written at the start and again at each phase, so a restart can say where a rollout was cut short."""
+        body = {"rollout_id": rollout_id, "request": req.model_dump(mode="json"), "phase": phase, "at": time.time()}
         self._write(self.root / f"{rollout_id}.running", json.dumps(body))
 
     def put(self, result: RolloutResult) -> None:
@@ -61,11 +63,15 @@ class ResultsStore:
                 body = json.loads(path.read_text())
                 req = RolloutRequest.model_validate(body["request"])
                 rid = body["rollout_id"]
+                phase = body.get("phase", "validate")
+                if phase not in get_args(Phase):
+                    raise ValueError(f"bad phase {phase!r}")
             except (ValueError, KeyError):
                 path.unlink(missing_ok=True)
                 continue
             if self.get(rid) is None:
-                self.put(failed_result(req, "the server stopped before this rollout finished", rollout_id=rid))
+                error = f"server_restarted: the server stopped in phase {phase!r} before this rollout finished"
+                self.put(failed_result(req, error, phase=phase, rollout_id=rid))
                 recovered.append(rid)
             path.unlink(missing_ok=True)
         return recovered

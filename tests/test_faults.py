@@ -425,7 +425,8 @@ async def test_server_killed_mid_rollout_leaves_a_failed_result_and_readable_cal
             status = r.json()
             assert status["state"] == "finished" and status["result"]["ok"] is False
             assert status["result"]["reward"] is None
-            assert "server stopped before this rollout finished" in status["result"]["error"]
+            assert "server_restarted: the server stopped in phase 'agent'" in status["result"]["error"]
+            assert status["result"]["phase"] == "agent"
             doc = (await http.get(f"{base}/capture/sessions/{rid}/export")).json()
         assert doc["session_id"] == rid and len(doc["turns"]) >= 1
         assert doc["turns"][0]["prompt_token_ids"] and doc["turns"][0]["completion_token_ids"]

@@ -6,8 +6,27 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swe_gym_env.names import SANDBOXES
 from swe_gym_env.server.capture import EngineTarget
 from swe_gym_env.server.security import engine_allowlist
+
+
+def concurrency_from_env() -> dict[str, int]:
+    """Rollouts running at once per sandbox backend: SWE_GYM_MAX_ROLLOUTS (default 8) for every backend, and
+    SWE_GYM_MAX_ROLLOUTS_<BACKEND> (e.g. SWE_GYM_MAX_ROLLOUTS_HF_POOL=16) for one."""
+    default = _positive_int("SWE_GYM_MAX_ROLLOUTS", 8)
+    return {
+        name: _positive_int(f"SWE_GYM_MAX_ROLLOUTS_{name.upper().replace('-', '_')}", default) for name in SANDBOXES
+    }
+
+
+def _positive_int(var: str, default: int) -> int:
+    raw = os.environ.get(var)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{var}={raw[:20]!r}: a positive integer is needed")
+    return int(raw)
 
 
 @dataclass
@@ -20,7 +39,7 @@ class ServerConfig:
     grading_timeout_s: float = 300.0
     stall_timeout_s: float = 60.0  # an engine stream silent this long ends its call (well under any deadline)
     max_failed_calls: int = 5  # model calls failing in a row that end the rollout at once
-    concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend
+    concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend (else 8)
     max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
     allow_engine_urls: tuple[str, ...] = ()  # URL prefixes callers may name as engine_url ("*": any); security.py
 
@@ -43,6 +62,6 @@ class ServerConfig:
             stall_timeout_s=float(os.environ.get("SWE_GYM_STALL_TIMEOUT_S", "60")),
             max_failed_calls=int(os.environ.get("SWE_GYM_MAX_FAILED_CALLS", "5")),
             capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
-            concurrency={"local": int(os.environ.get("SWE_GYM_MAX_ROLLOUTS", "8"))},
+            concurrency=concurrency_from_env(),
             allow_engine_urls=engine_allowlist(),
         )

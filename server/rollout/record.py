@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -82,6 +83,7 @@ class RolloutRecord:
     instance_id: str | None = None
     listeners: list[asyncio.Queue[str]] = field(default_factory=list)
     phase_since: float = field(default_factory=time.time)
+    on_phase: Callable[[Phase], None] | None = None  # e.g. the results store noting where the rollout is
 
     def emit(self, message: str) -> None:
         for q in self.listeners:
@@ -90,6 +92,8 @@ class RolloutRecord:
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
         self.phase_since = time.time()
+        if self.on_phase is not None:
+            self.on_phase(phase)
         self.emit(f"phase: {phase}")
 
     def summary(self) -> RolloutSummary:

@@ -62,7 +62,9 @@ class RolloutService:
             )
             return rec
         if self.store is not None:
-            self.store.mark_running(rid, req)
+            store = self.store
+            store.mark_running(rid, req)
+            rec.on_phase = lambda phase: store.mark_running(rid, req, phase)
         rec.task = asyncio.create_task(self._execute(rec), name=f"rollout-{rid}")
         return rec
 
