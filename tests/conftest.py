@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hf_emulator.fixture import hf_emulator  # noqa: F401  (the HF Jobs emulator, session scope)
 
 from swe_gym_env.server.agents.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.pi import PiHarness
