@@ -145,15 +145,16 @@ def env_reward_func(prompts: Any = None, completions: Any = None, env_reward: An
 
 
 async def run_rollouts(
-    base_url: str,
+    base_url: str | Sequence[str],
     requests: Sequence[RolloutRequest],
     *,
     max_concurrency: int = 8,
     timeout_s: float | None = None,
     client_kwargs: dict[str, Any] | None = None,
 ) -> list[RolloutResult]:
-    """Run the requests concurrently over one websocket; results in request order. Never raises for a rollout:
-    a connection or server failure is a failed result (reward None)."""
+    """Run the requests concurrently over one websocket per server (several URLs: spread by free capacity);
+    results in request order. Never raises for a rollout: a connection or server failure is a failed result
+    (reward None)."""
     sem = asyncio.Semaphore(max(1, max_concurrency))
     try:
         async with SweGymWSClient(base_url, **(client_kwargs or {})) as client:
@@ -178,7 +179,7 @@ def _run_sync(coro_factory: Callable[[], Any]) -> Any:
 
 
 def make_rollout_func(
-    base_url: str,
+    base_url: str | Sequence[str],
     *,
     harness: str = "pi",
     tasks_for_prompt: Callable[[Any], dict[str, Any]] = prompt_to_task,
@@ -193,7 +194,8 @@ def make_rollout_func(
 ) -> Callable[[list, Any], dict[str, list]]:
     """A TRL `rollout_func(prompts, trainer) -> dict`: one swe_gym_env rollout per prompt (see the module doc).
 
-    - `base_url`: the server (`http://host:port`; the websocket is `/ws`).
+    - `base_url`: the server (`http://host:port`; the websocket is `/ws`), or a list of servers: each rollout
+      goes to the one with most free capacity (`swe_gym_env.client.servers`).
     - `tasks_for_prompt(prompt) -> dict`: `RolloutRequest` fields naming the task (default: `prompt_to_task`).
     - `purpose`: `train` (default) makes the server refuse engines without token ids and processed logprobs;
       `eval` is needed for the built-in scripted engine (placeholder logprobs).

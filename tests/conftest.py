@@ -91,3 +91,28 @@ def space_image() -> str:
     build = subprocess.run([*argv, str(REPO)], capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     return SPACE_IMAGE
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium driven by Playwright (tests/test_ui.py, tests/test_space_deployed.py)."""
+    require(CHROMIUM.exists(), "chromium missing: run scripts/setup_ui.sh")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
@@ -27,33 +26,11 @@ from swe_gym_env.wire import RolloutRequest, RolloutResult, Turn
 
 from helpers import Stack
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).parent / "artifacts" / "ui"
+ARTIFACTS.mkdir(parents=True, exist_ok=True)
 TOKEN = "ui-test-" + uuid.uuid4().hex
 DELAY_S = "1.0"
 STARTUP_S = 180.0
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require(CHROMIUM.exists(), "chromium missing: run scripts/setup_ui.sh")
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 def _stack(tmp_path_factory, **env: str) -> Stack:
