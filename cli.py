@@ -70,9 +70,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
     if args.engine_model:
         os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
+    from swe_gym_env.server.engine.builtin import builtin_unless_configured
+    from swe_gym_env.server.sandbox.preflight import preflight_all, summary_lines
     from swe_gym_env.server.vllm_launcher import vllm_engine
 
-    with vllm_engine(args):  # --vllm-model: vLLM with the capture flags becomes the default engine
+    def log(line: str) -> None:
+        print(f"swe-gym-env serve: {line}", file=sys.stderr, flush=True)
+
+    for line in summary_lines(preflight_all()):  # real probes, once per process: the server reads the same cache
+        log(line)
+    # --vllm-model: vLLM with the capture flags becomes the default engine; no engine at all: the built-in one
+    with vllm_engine(args), builtin_unless_configured(DEFAULT_MODEL, log):
         uvicorn.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -264,6 +272,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     kwargs = {}
     if args.bench == "capture":
         kwargs = {"clients": tuple(args.clients.split(",")), "dialects": tuple(args.dialects.split(","))}
+        kwargs["peers"] = tuple(p for p in args.peers.split(",") if p)
     return mod.run(args.json, quick=args.quick, **kwargs)
 
 
@@ -300,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("serve", help="the server: /mcp, /capture, /health")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--engine-url", help="OpenAI-compatible base URL (…/v1); default $SWE_GYM_ENGINE_URL or :8001")
+    v.add_argument(
+        "--engine-url",
+        help="OpenAI-compatible base URL (…/v1); default $SWE_GYM_ENGINE_URL; with neither (nor --vllm-model) the "
+        "server runs the built-in engine (NOT a model: scripted oracle replies, for demos)",
+    )
     v.add_argument("--engine-model", help="served model name; default $SWE_GYM_ENGINE_MODEL or " + DEFAULT_MODEL)
     from swe_gym_env.server.vllm_launcher import add_arguments as add_vllm_arguments
 
@@ -361,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "capture":
             bp.add_argument("--clients", default="aiohttp", help="upstream clients to compare, e.g. aiohttp,httpx")
             bp.add_argument("--dialects", default="chat", help="dialects to measure: chat,responses,anthropic,gemini")
+            bp.add_argument("--peers", default="", help="peer proxies measured beside ours in the same run: openenv")
     b.set_defaults(func=cmd_bench)
     i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
     i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")

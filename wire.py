@@ -16,6 +16,7 @@ Phase = Literal["validate", "task", "session", "install", "boot", "agent", "diff
 # Built from the one list of names (a Literal built at run time: static checkers see these as unknown)
 Harness: TypeAlias = Literal[*HARNESSES]  # pyright: ignore[reportInvalidTypeForm]
 SandboxBackend: TypeAlias = Literal[*SANDBOXES]  # pyright: ignore[reportInvalidTypeForm]
+AUTO_SANDBOX = "auto"  # a request's default: the server resolves it to the first backend usable there
 # Per harness: the options it takes (`RolloutRequest.harness_options`) and their allowed values.
 HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "pi": {"api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai")},
@@ -45,7 +46,11 @@ class RolloutRequest(BaseModel):
         description="Options of the harness, e.g. pi's {'api': 'anthropic-messages'}: the API dialect it speaks to "
         "/capture (openai-completions, openai-responses, anthropic-messages, google-generative-ai).",
     )
-    sandbox: SandboxBackend = "local"
+    sandbox: SandboxBackend | Literal["auto"] = Field(
+        default=AUTO_SANDBOX,
+        description="Sandbox backend; `auto`: the server's default, the first backend usable there (in the order "
+        "local, landlock, docker, hf, …; /health and `info` say which, from a real probe).",
+    )
     mode: Literal["capture", "black_box"] = Field(
         default="capture",
         description="capture: model calls go through /capture and are recorded (trainable); black_box: forwarded "

@@ -91,7 +91,7 @@ async def main() -> None:
                     out[backend] = {"skipped": str(e)}
                     continue
                 pf = preflight(backend)
-                out[backend] = await bench(backend, n, sock) if pf["available"] else {"skipped": pf.get("reason")}
+                out[backend] = await bench(backend, n, sock) if pf["usable"] else {"skipped": pf["reason"]}
         finally:
             for s in servers:
                 s.close()

@@ -23,11 +23,14 @@ from starlette.routing import Mount
 
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.capture.store import CaptureStore
+from swe_gym_env.server.engine.builtin import builtin_engine
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.server.sandbox.hf_pool import close_pools
 from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
+from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.server.sandbox.registry import reap_forever
 from swe_gym_env.server.security import BodySizeLimit
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
@@ -91,6 +94,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)
         tcp = await _serve_capture_tcp(capture, sock_dir / CAPTURE_PORT_FILE)
+        await probe_all()  # which sandboxes work here (cached): `auto` resolves without blocking a request later
         warm = asyncio.create_task(asyncio.to_thread(load_swebench))
         app.state.warm = warm
         reaper = asyncio.create_task(reap_forever())  # sandboxes of dead servers, and ours past their deadline
@@ -100,6 +104,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         finally:
             warm.cancel()
             reaper.cancel()
+            await asyncio.to_thread(close_pools)  # hf-pool: cancel the pool hosts this process started
             await asyncio.gather(_stop(uds), _stop(tcp))
             await capture.aclose()
             if capture.store is not None:
@@ -112,14 +117,40 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        in_flight = service.in_flight()
-        return {
+        """Liveness, and what a client needs to send work here. Public: no secrets, no paths of results.
+
+        - `sandboxes`: per backend, `usable` and `reason`, from a real probe in this process (run once, cached);
+          `default_sandbox`: the backend a rollout with `sandbox="auto"` (the default) runs on; None when no backend
+          is usable here (such rollouts then fail at `validate`, naming what to configure).
+        - `capacity`, for clients spreading rollouts over several servers: `max_rollouts` is the configured limit of
+          rollouts running at once on the default sandbox (SWE_GYM_MAX_ROLLOUTS, or SWE_GYM_MAX_ROLLOUTS_<BACKEND>),
+          `in_flight` the rollouts running or queued on it, `free` = max(0, max_rollouts - in_flight); all three 0
+          but `in_flight` when no backend is usable. `by_sandbox`: the same for each usable backend.
+        - `engine`: only when the server runs the built-in engine (no engine configured): it is NOT a model.
+        """
+        sandboxes = await probe_all()
+        default = resolved(sandboxes)
+        live = service.live()
+
+        def slots(name: str) -> dict[str, int]:
+            limit = service.config.concurrency.get(name, 8)
+            n = sum(1 for r in live if r.request.sandbox == name)
+            return {"max_rollouts": limit, "in_flight": n, "free": max(0, limit - n)}
+
+        capacity = slots(default) if default else {"max_rollouts": 0, "in_flight": len(live), "free": 0}
+        out = {
             "status": "healthy",
             "warm": bool(getattr(app.state, "warm", None) and app.state.warm.done()),  # grading imports loaded
-            "rollouts_in_flight": in_flight,
+            "rollouts_in_flight": len(live),
             "capture_sessions": capture.open_sessions(),
             "openenv_sessions": len(app.state.openenv.sessions),
+            "sandboxes": sandboxes,
+            "default_sandbox": default,
+            "capacity": {**capacity, "by_sandbox": {n: slots(n) for n, r in sandboxes.items() if r["usable"]}},
         }
+        if (builtin := builtin_engine()) is not None:
+            out["engine"] = builtin
+        return out
 
     @app.get("/rollouts/{rollout_id}", response_model=RolloutStatus)
     async def get_rollout(rollout_id: str) -> RolloutStatus:

@@ -9,7 +9,8 @@ from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.assets import tokenizer_dir
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.certify import certify
-from swe_gym_env.server.sandbox.preflight import preflight_all
+from swe_gym_env.server.engine.builtin import builtin_engine
+from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.tasks.catalog import split_names, tasks_in
 from swe_gym_env.tasks.envs import envs_status, images_status
 
@@ -23,7 +24,7 @@ async def gather_info(engine_url: str | None) -> dict:
             agents[name] = {"version": h.version, "dialect": h.dialect, "installed": True}
         except AgentError as e:
             agents[name] = {"version": h.version, "dialect": h.dialect, "installed": False, "reason": str(e)}
-    sandboxes = preflight_all()  # per backend: available, and the reason when not
+    sandboxes = await probe_all()  # per backend, from a real probe here: usable, and why (or why not)
     datasets = {}
     for split in split_names():
         try:
@@ -40,6 +41,7 @@ async def gather_info(engine_url: str | None) -> dict:
     out = {
         "agents": agents,
         "sandboxes": sandboxes,
+        "default_sandbox": resolved(sandboxes),  # what a rollout naming no sandbox runs on (None: none usable)
         "datasets": datasets,
         "tokenizer": (tokenizer_dir() / "tokenizer.json").is_file(),
         # the API dialects /capture speaks: their routes (aux: answered on the side, never a turn)
@@ -50,4 +52,6 @@ async def gather_info(engine_url: str | None) -> dict:
     }
     if engine_url:
         out["engine"] = (await certify(engine_url)).model_dump()
+    if (builtin := builtin_engine()) is not None:
+        out.setdefault("engine", {}).update(builtin)
     return out

@@ -357,9 +357,9 @@ def test_inside_the_space_image_landlock_is_the_backend_that_works(space_contain
     assert seccomp.stdout.split() == ["Seccomp:", "2"]  # docker's default profile is on
     info = _docker("exec", space_container, "swe-gym-env", "info", timeout=180)
     sandboxes = json.loads(info.stdout)["sandboxes"]
-    assert sandboxes["landlock"]["available"], sandboxes["landlock"]
-    assert "landlock ABI" in sandboxes["landlock"]["detail"]
-    assert not sandboxes["local"]["available"] and "bwrap cannot create" in sandboxes["local"]["reason"]
+    assert sandboxes["landlock"]["usable"], sandboxes["landlock"]
+    assert "landlock ABI" in sandboxes["landlock"]["reason"]
+    assert not sandboxes["local"]["usable"] and "bwrap cannot create" in sandboxes["local"]["reason"]
 
 
 @pytest.mark.integration

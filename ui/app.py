@@ -19,7 +19,7 @@ from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
 from swe_gym_env.ui import render
 from swe_gym_env.ui.guard import ui_start_refusal
 from swe_gym_env.ui.live import Snapshot, follow, live_table_html, snapshot, token_text_for
-from swe_gym_env.wire import RolloutRequest
+from swe_gym_env.wire import AUTO_SANDBOX, RolloutRequest
 
 TASK_CHOICES = 500  # task ids offered in the Run view's dropdown (any id can be typed)
 TOKEN_HEADERS = ["call", "position", "token id", "token", "logprob"]
@@ -48,6 +48,32 @@ def _status_html(snap: Snapshot) -> str:
         f'data-turns="{len(snap.turns)}">rollout <code>{render.esc(rec.rollout_id, 64)}</code> · {rec.state} · '
         f"phase {rec.phase} · <span id='turn-count'>{len(snap.turns)}</span> calls so far</div>"
     )
+
+
+async def _banner_html() -> str:
+    """What this server runs on: the engine when it is the built-in one (NOT a model), and each sandbox backend's
+    probe (usable or why not) with the one `auto` picks, or what to configure when none is usable."""
+    from swe_gym_env.server.engine.builtin import builtin_engine
+    from swe_gym_env.server.sandbox.errors import SandboxUnavailable
+    from swe_gym_env.server.sandbox.preflight import default_sandbox, probe_all
+
+    out = []
+    if (engine := builtin_engine()) is not None:
+        out.append(f'<div class="sg-error" id="engine-banner"><b>Engine: {render.esc(engine["note"], 1000)}</b></div>')
+    found = await probe_all()
+    rows = "".join(
+        f'<li data-sandbox="{render.esc(n, 40)}" data-usable="{str(r["usable"]).lower()}"><code>{render.esc(n, 40)}'
+        f"</code> {'usable' if r['usable'] else 'not usable'}: {render.esc(r['reason'], 600)}</li>"
+        for n, r in found.items()
+    )
+    try:
+        default = (
+            f"a rollout with sandbox <code>auto</code> runs on <code>{render.esc(default_sandbox(found), 40)}</code>"
+        )
+    except SandboxUnavailable as e:
+        default = f'<span class="sg-error">{render.esc(e, 2000)}</span>'
+    out.append(f'<div id="sandbox-banner">Sandboxes here (probed on this server): {default}<ul>{rows}</ul></div>')
+    return "".join(out)
 
 
 class Panel:
@@ -127,6 +153,8 @@ def build_ui(service: RolloutService) -> gr.Blocks:
     splits = split_names()
     with gr.Blocks(title="swe_gym_env", analytics_enabled=False) as demo:
         gr.Markdown("## swe_gym_env — rollouts")
+        banner = gr.HTML(elem_id="server-banner")
+        demo.load(_banner_html, outputs=banner, api_visibility="private")
         with gr.Tabs(selected="live") as tabs:
             # -- Live ------------------------------------------------------------------------------------------
             with gr.Tab("Live", id="live"):
@@ -150,7 +178,9 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                     )
                     fields = RolloutRequest.model_fields
                     harness = gr.Dropdown(sorted(HARNESSES), value=fields["harness"].default, label="harness")
-                    sandbox = gr.Dropdown(sorted(BACKENDS), value=fields["sandbox"].default, label="sandbox")
+                    sandbox = gr.Dropdown(
+                        [AUTO_SANDBOX, *sorted(BACKENDS)], value=fields["sandbox"].default, label="sandbox"
+                    )
                     engines = sorted(service.config.engines)
                     engine = gr.Dropdown(engines, value=engines[0] if engines else None, label="engine")
                 with gr.Row():

@@ -20,8 +20,18 @@ from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.pipeline import Pipeline
 from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
+from swe_gym_env.server.sandbox.errors import SandboxUnavailable
+from swe_gym_env.server.sandbox.preflight import default_sandbox
 from swe_gym_env.server.sandbox.registry import reap_orphans
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus, RolloutSummary, failed_result
+from swe_gym_env.wire import (
+    AUTO_SANDBOX,
+    Phase,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    RolloutSummary,
+    failed_result,
+)
 
 Notify = Callable[[str], Awaitable[None]]
 KEEP_FINISHED = 256  # finished rollouts kept in memory; all of them are in the results store
@@ -48,6 +58,12 @@ class RolloutService:
             rec.result, rec.state, rec.phase = done, "finished", done.phase
             return rec
         self.rollouts[rid] = rec
+        if req.sandbox == AUTO_SANDBOX:  # the first backend usable here (probed once per process, at startup)
+            try:
+                rec.request = req = req.model_copy(update={"sandbox": default_sandbox()})
+            except SandboxUnavailable as e:
+                self._finish(rec, failed_result(req, str(e), rollout_id=rid))
+                return rec
         limit = self.config.concurrency.get(req.sandbox, 8)
         active = sum(1 for r in self.rollouts.values() if r.state != "finished" and r.request.sandbox == req.sandbox)
         if active > limit + self.config.max_queue:

@@ -96,8 +96,12 @@ def preflight() -> tuple[bool, str]:
         return False, "the docker daemon does not answer (10 s): start dockerd (scripts/setup_docker.sh)"
     if r.returncode != 0:
         return False, f"no docker daemon: {r.stderr.strip()[:200]}; start one (scripts/setup_docker.sh)"
-    have = _sync_docker("image", "inspect", DEFAULT_IMAGE, timeout=10).returncode == 0
-    return True, f"dockerd {r.stdout.strip()}; default image {DEFAULT_IMAGE} {'present' if have else 'MISSING'}"
+    if _sync_docker("image", "inspect", DEFAULT_IMAGE, timeout=10).returncode != 0:
+        return False, (
+            f"dockerd {r.stdout.strip()} answers, but the default image {DEFAULT_IMAGE} is MISSING: build it "
+            "(scripts/setup_docker.sh)"
+        )
+    return True, f"dockerd {r.stdout.strip()}; default image {DEFAULT_IMAGE} present"
 
 
 def reap_orphans() -> list[str]:
