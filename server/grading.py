@@ -25,10 +25,12 @@ parser alone (`junit_cross_check="not_pytest"`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import secrets
 import shlex
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -92,8 +94,9 @@ def filter_model_patch(patch: str, task: Task) -> tuple[str, list[str]]:
     return "".join(kept), dropped
 
 
+@functools.cache
 def load_swebench():
-    """swebench's grading functions (importing them takes seconds: the server warms them up in a thread)."""
+    """swebench's grading functions, imported once (it takes seconds: the server warms them up in a thread)."""
     from swebench.harness import grading
     from swebench.harness.constants import EvalType
     from swebench.harness.log_parsers import PARSER_REGISTRY
@@ -113,6 +116,24 @@ def load_swebench():
         node_id_parsers=(py_parsers.parse_log_pytest, py_parsers.parse_log_pytest_v2, py_parsers.parse_log_seaborn),
         rewriting_parsers=(py_parsers.parse_log_pytest_options, py_parsers.parse_log_matplotlib),
     )
+
+
+def _swebench_loaded() -> bool:
+    return load_swebench.cache_info().currsize > 0
+
+
+class _Clock:
+    """Laps of one grading run into a timings dict (nothing when there is none)."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.t = time.monotonic()
+
+    def lap(self, key: str) -> None:
+        now = time.monotonic()
+        if self.timings is not None:
+            self.timings[key] = self.timings.get(key, 0.0) + now - self.t
+        self.t = now
 
 
 def parser_name(fn, repo: str, registry: dict) -> str:
@@ -394,19 +415,29 @@ def score_log(
 
 
 async def grade(
-    task: Task, model_patch: str, make_sandbox: Callable[[], Awaitable[Sandbox]], timeout_s: float = 300.0
+    task: Task,
+    model_patch: str,
+    make_sandbox: Callable[[], Awaitable[Sandbox]],
+    timeout_s: float = 300.0,
+    timings: dict[str, float] | None = None,
 ) -> Grade:
-    swebench = await asyncio.to_thread(load_swebench)
+    """Grade ``model_patch`` on ``task`` in a sandbox from ``make_sandbox``. Where ``timings`` is given, the seconds
+    of each step go into it under `grade.*` (imports, sandbox, env, tests, close, parse)."""
+    clock = _Clock(timings)
+    swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
     plan = plan_for(task, swebench)
     spec = row_test_spec(task, swebench) if task.eval_script else None
     patch, dropped = filter_model_patch(model_patch, task)
     junit_path = f"/tmp/.grading-{secrets.token_hex(12)}/junit.xml" if plan.cross_check == "node_ids" else None
+    clock.lap("grade.imports")
     sbx = await make_sandbox()
+    clock.lap("grade.sandbox")
     try:
         try:
             environment = await ensure_env(sbx, task)
         except EnvError as e:
             raise GradingError(str(e)) from e
+        clock.lap("grade.env")
         await sbx.write_file("/tmp/grading/model.patch", patch.encode())
         await sbx.write_file("/tmp/grading/test.patch", task.test_patch.encode())
         if spec is not None:
@@ -416,6 +447,7 @@ async def grade(
             script = eval_script(task, bool(patch.strip()), junit_path)
         await sbx.write_file("/tmp/grading/eval.sh", script.encode(), 0o700)
         res = await sbx.exec("bash /tmp/grading/eval.sh", timeout=timeout_s)
+        clock.lap("grade.tests")
         junit = None
         ran = START in res.stdout and APPLY_FAILED not in res.stdout and not res.timed_out
         if junit_path and ran:
@@ -427,7 +459,9 @@ async def grade(
                         raise GradingError(f"{why}pytest stopped before running the tests") from e
                     raise GradingError(f"no readable JUnit report from the test run: {type(e).__name__}: {e}") from e
     finally:
+        clock.lap("grade.parse")  # the JUnit report (or the step that failed)
         await sbx.close()
+        clock.lap("grade.close")
     log = res.stdout + "\n" + res.stderr
     if res.timed_out:
         raise GradingError(f"tests timed out after {timeout_s:.0f}s")
@@ -441,4 +475,5 @@ async def grade(
         raise GradingError("the task's test patch did not apply: " + res.stdout[-500:])
     g = score_log(task, log, swebench, junit, plan, environment)
     g.dropped_files = dropped
+    clock.lap("grade.parse")
     return g

@@ -179,7 +179,10 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                     fields = RolloutRequest.model_fields
                     harness = gr.Dropdown(sorted(HARNESSES), value=fields["harness"].default, label="harness")
                     sandbox = gr.Dropdown(
-                        [AUTO_SANDBOX, *sorted(BACKENDS)], value=fields["sandbox"].default, label="sandbox"
+                        [AUTO_SANDBOX, *sorted(BACKENDS)],
+                        value=fields["sandbox"].default,
+                        label="sandbox",
+                        elem_id="run-sandbox",
                     )
                     engines = sorted(service.config.engines)
                     engine = gr.Dropdown(engines, value=engines[0] if engines else None, label="engine")

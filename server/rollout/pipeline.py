@@ -6,12 +6,16 @@ The one place that composes task, capture session, sandbox, agent and grading. A
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
-from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
+from swe_gym_env.server.certify import Certificate
 from swe_gym_env.server.grading import GradingError, grade
 from swe_gym_env.server.rollout import agent_run
 from swe_gym_env.server.rollout.config import ServerConfig
@@ -22,6 +26,7 @@ from swe_gym_env.server.sandbox.base import Sandbox, SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task
 from swe_gym_env.tasks.envs import EnvError, prepare_env
+from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import Finding, RolloutRequest, RolloutResult
 
 PROMPT = """You are working in a git repository at {workdir}. Resolve the issue below by editing the source code.
@@ -33,6 +38,16 @@ Do not modify the tests. When you are done, reply with a short summary.
 """
 
 
+@contextlib.contextmanager
+def timed(timings: dict[str, float], key: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``timings[key]`` (also when it raises: a failed phase is timed too)."""
+    t = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[key] = timings.get(key, 0.0) + time.monotonic() - t
+
+
 class Pipeline:
     def __init__(self, config: ServerConfig, capture: CaptureProxy, engines: Engines) -> None:
         self.config = config
@@ -41,6 +56,7 @@ class Pipeline:
 
     async def run(self, rec: RolloutRecord, req: RolloutRequest, state: RunState) -> RolloutResult:
         timings = state.timings
+        t_run = time.monotonic()
         rec.set_phase("task")
         try:
             task = get_task(req.split, req.index, req.instance_id)
@@ -94,6 +110,7 @@ class Pipeline:
                 f"{req.harness} needs (its own prompt + room to act): serve a longer context or use another harness",
             )
 
+        timings["prepare"] = time.monotonic() - t_run  # task, engine certificate, harness install, task env
         rec.set_phase("session")
         session, key = self.capture.open_session(
             engine,
@@ -112,6 +129,7 @@ class Pipeline:
             f"{len(turn.completion_token_ids)} completion tokens"
         )
         sbx: Sandbox | None = None
+        closing: asyncio.Future[None] | None = None
         try:
             rec.set_phase("boot")
             t = time.monotonic()
@@ -124,7 +142,8 @@ class Pipeline:
                 deadline_s=req.deadline_s + 60,  # expires by itself even if this server dies
             )
             try:
-                sbx = await create_sandbox(req.sandbox, spec)
+                with timed(timings, "boot.sandbox"):  # the workspace: a copy of the task's pristine tree
+                    sbx = await create_sandbox(req.sandbox, spec)
                 timings.update(bundle=sbx.bundle_s, bundle_bytes=float(sbx.bundle_bytes))  # agent bundle cost (in boot)
                 cfg = AgentConfig(
                     base_url=sbx.capture_base_url or "",
@@ -134,14 +153,17 @@ class Pipeline:
                     options=dict(req.harness_options),
                 )
                 prompt = PROMPT.format(workdir=sbx.agent_workdir, problem=task.problem_statement)
-                for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
-                    await sbx.write_file(path, data, mode)
+                with timed(timings, "boot.config"):
+                    for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
+                        await sbx.write_file(path, data, mode)
                 if task.env_activation:  # the agent works in the environment the tests run in: it must activate
-                    r = await sbx.exec(agent_run.in_task_env("true", task.env_activation), timeout=120)
+                    with timed(timings, "boot.env"):
+                        r = await sbx.exec(agent_run.in_task_env("true", task.env_activation), timeout=120)
                     if not r.ok:
                         raise RolloutFailure("boot", f"the task's environment does not activate: {r.stderr[-500:]}")
                 if task.setup_commands:  # the task's own setup, before the agent starts
-                    state.diff_base = await run_task_setup(sbx, task)
+                    with timed(timings, "boot.setup"):
+                        state.diff_base = await run_task_setup(sbx, task)
             except SandboxError as e:
                 raise RolloutFailure("boot", str(e)) from e
             timings["boot"] = time.monotonic() - t
@@ -153,6 +175,7 @@ class Pipeline:
                 rec, sbx, harness, cfg, session, agent_timeout, timings, task.env_activation
             )
             timings["agent"] = time.monotonic() - t
+            t = time.monotonic()
             state.exit_code = res.exit_code
             state.log_tail = await read_text(sbx, harness.log_path, tail=4000)
             outcome = harness.parse_events(await read_text(sbx, harness.events_path))
@@ -175,13 +198,36 @@ class Pipeline:
             if state.missing_steps:  # the agent used model calls the capture never saw: not its trace
                 raise RolloutFailure("agent", f"cross-check mismatch: {state.cross_check[1]}")
 
-            rec.set_phase("diff")
-            state.patch = patch = await extract_diff(sbx, state.diff_base or task.base_commit)
-        finally:
-            if sbx is not None:
-                await sbx.close()
-            self.capture.close_session(session)
+            timings["after_agent"] = time.monotonic() - t  # its log and events read, the cross-check
 
+            rec.set_phase("diff")
+            with timed(timings, "diff"):
+                state.patch = patch = await extract_diff(sbx, state.diff_base or task.base_commit)
+            closing = asyncio.ensure_future(sbx.close())  # its teardown overlaps the checks and grading below
+        finally:
+            if sbx is not None and closing is None:  # failed before the diff: closed before the failure is told
+                with timed(timings, "close"):
+                    await sbx.close()
+            self.capture.close_session(session)
+        assert closing is not None  # set on the one path that gets here
+        try:
+            return await self._grade(rec, req, task, session, cert, state, patch)
+        finally:
+            with timed(timings, "close"):  # what grading did not hide of the agent sandbox's teardown
+                await closing
+
+    async def _grade(
+        self,
+        rec: RolloutRecord,
+        req: RolloutRequest,
+        task: Task,
+        session: CaptureSession,
+        cert: Certificate,
+        state: RunState,
+        patch: str,
+    ) -> RolloutResult:
+        """The capture's last checks, grading in a fresh sandbox, the result."""
+        timings = state.timings
         fatal = [f for f in session.findings if f.severity == "fatal"]
         if fatal:  # the capture is not usable training data, whatever the reward: do not even grade it
             raise RolloutFailure("agent", f"capture validation: {fatal[0]}")
@@ -202,11 +248,16 @@ class Pipeline:
         )
         try:
             g = await grade(
-                task, patch, lambda: create_sandbox(req.sandbox, grading_spec), self.config.grading_timeout_s
+                task,
+                patch,
+                lambda: create_sandbox(req.sandbox, grading_spec),
+                self.config.grading_timeout_s,
+                timings=timings,
             )
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e
         timings["grade"] = time.monotonic() - t
+        t = time.monotonic()
         findings = [*state.findings(), *g.findings]
         if g.dropped_files:
             findings.append(
@@ -217,7 +268,7 @@ class Pipeline:
                 )
             )
         rec.set_phase("done")
-        return RolloutResult(
+        result = RolloutResult(
             rollout_id=rec.rollout_id,
             ok=True,
             reward=g.reward,
@@ -231,3 +282,5 @@ class Pipeline:
             logprobs_mode=None if req.mode == "black_box" else cert.logprobs_mode,
             findings=findings,
         )
+        timings["result"] = time.monotonic() - t
+        return result

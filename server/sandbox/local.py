@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from swe_gym_env.server.assets import package_file, task_runtime_dir
-from swe_gym_env.server.sandbox import cgroups
+from swe_gym_env.server.sandbox import cgroups, pristine
 from swe_gym_env.server.sandbox.base import (
     RELAY_PORT,
     SECRETS_FILE,
@@ -154,9 +154,21 @@ class LocalSandbox(SandboxBase):
             raise
 
     async def _clone(self) -> None:
-        testbed = self.root / "testbed"
+        """The work tree: a copy of the task's pristine tree (cloned and stripped once per task: `pristine`), or a
+        clone of its own where the tree cannot be shared (history kept, or a base commit that is not an object id)."""
+        testbed, spec = self.root / "testbed", self.spec
+        if pristine.cacheable(spec.repo_source, spec.base_commit, spec.strip_history):
+            await pristine.copy_into(testbed, spec.repo_source, spec.base_commit, self._prepare)
+        else:
+            await self._prepare(testbed)
+        (self.root / "home" / ".gitconfig").write_text(
+            "[user]\n\tname = agent\n\temail = agent@sandbox.invalid\n[safe]\n\tdirectory = *\n"
+        )
+
+    async def _prepare(self, testbed: Path) -> None:
+        """Clone the spec's repository into the empty dir ``testbed`` at its base commit (history stripped)."""
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV, "GIT_CONFIG_GLOBAL": "/dev/null"}
-        env["HOME"] = str(self.root / "home")
+        env["HOME"] = str(testbed.parent)
         git = ["git", "-c", "core.hooksPath=/dev/null", "-c", "advice.detachedHead=false"]
         steps = [[*git, "clone", "-q", "--no-checkout", "--", self.spec.repo_source, str(testbed)]]
         if self.spec.strip_history:
@@ -180,9 +192,6 @@ class LocalSandbox(SandboxBase):
             if proc.returncode != 0:
                 stderr = err.decode("utf-8", "replace").strip()[:500]
                 raise SandboxError(f"preparing the repository failed: {argv[-1][:60]}: {stderr}")
-        (self.root / "home" / ".gitconfig").write_text(
-            "[user]\n\tname = agent\n\temail = agent@sandbox.invalid\n[safe]\n\tdirectory = *\n"
-        )
 
     def _argv(self) -> list[str]:
         runtime = task_runtime_dir()
