@@ -1,15 +1,22 @@
-"""`swe-gym-env bench capture`: direct engine calls vs the same calls through /capture, in one run.
+"""`swe-gym-env bench capture`: what /capture costs an agent, paired with direct engine calls in one run, beside a peer.
 
-Three processes: a fast stub engine (vLLM's reply shape), the real server (`swe-gym-env serve`, durable capture
-store on), and this load generator. Sessions are minted through the admin API; each simulated agent makes its calls
-one after another, N agents at once. Reported per configuration (dialect, prompt size, streaming, concurrency):
-latency p50/p99 direct and through, the difference, calls/s, and for streams the time to first chunk.
+Processes: a fast stub engine (vLLM's reply shape), the real server (`swe-gym-env serve`, durable capture store on),
+with ``--peers openenv`` OpenEnv 0.10's capture proxy started from its own venv (``.openenv-venv``, as the test
+setup makes it; run as a subprocess, never imported) against the same stub, and this load generator.
 
-``dialects`` (``--dialects chat,responses,anthropic,gemini``): the same call in each API dialect /capture speaks
-(the same system prompt, user text and token cap), so the added latency includes the dialect's translation both ways;
-direct is always the engine's own chat call. The stub engine sizes its prompt ids from the chat request's
-``metadata.prompt_tokens``, which the translated dialects do not carry (a parameter they report as ignored): it then
-answers with its default of STUB_PROMPT_TOKENS ids, so translated dialects are measured at that prompt size only.
+Paired A/B: per cell (prompt size, streaming, concurrency N) the N agents run phases of 16 calls each, a direct phase
+(the engine's own URL) before every proxied phase, in rounds: direct, ours, direct, peer, … Each proxied call is
+paired with the same agent's call at the same position in the direct phase just before it, so the machine's drift
+hits both sides of a pair; added latency (and, streaming, added time to first chunk) is the pair's difference.
+A proxied phase is one session per agent, minted before it and retired (closed) after it, as a trainer's rollouts
+would; the kept fraction is proxied ÷ direct calls/s over the paired phases. A last cell runs one session of
+``FLAT_CALLS`` calls per proxy (the added latency of its last 10% against its first 10%: per-call cost flat).
+
+``dialects`` (``--dialects chat,responses,anthropic,gemini``): the same call in each API dialect /capture speaks (the
+same system prompt, user text and token cap), so the added latency includes the dialect's translation both ways;
+direct is always the engine's own chat call. The stub sizes its prompt ids from the chat request's
+``metadata.prompt_tokens``, which translated dialects do not carry: they answer with STUB_PROMPT_TOKENS ids, so
+translated dialects are measured at that prompt size only. ``clients`` compares our upstream HTTP clients.
 """
 
 from __future__ import annotations
@@ -22,15 +29,21 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 
-from swe_gym_env.benchmarks import emit, pct, stack, summary_ms
-from swe_gym_env.procs import free_port
+import orjson
+
+from swe_gym_env import procs
+from swe_gym_env.benchmarks import emit, pct, stack
 
 CONCURRENCY = (1, 64, 256)
 SIZES = (1000, 8000)
-CALLS = {1: 100, 64: 512, 256: 1024}
+SESSION_CALLS = 16  # calls per session (one phase); sessions rotate and are retired after
+CELL_CALLS = {1: 192, 64: 2048, 256: 4096}  # proxied calls per side and cell (whole rounds of phases)
+FLAT_CALLS = 1000
 STUB_PROMPT_TOKENS = 1000  # the stub engine's prompt length when the request does not say (translated dialects)
 DIALECTS = ("chat", "responses", "anthropic", "gemini")
+PEERS = ("openenv",)
 SYSTEM = "You are a coding agent."
 
 
@@ -38,7 +51,7 @@ def _request(size: int, stream: bool) -> dict:
     body = {
         "model": "agent-model",
         "messages": [
-            {"role": "system", "content": "You are a coding agent."},
+            {"role": "system", "content": SYSTEM},
             {"role": "user", "content": "word " * size},  # ~the prompt's size in bytes, as an agent would send
         ],
         "metadata": {"prompt_tokens": size},  # tells the stub how many prompt ids to return
@@ -74,60 +87,192 @@ def _dialect_request(dialect: str, size: int, stream: bool) -> tuple[str, dict]:
     raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
 
 
-async def _agent(session, url: str, headers: dict, body: dict, stream: bool, calls: int, lat: list, ttft: list) -> None:
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        async with session.post(url, json=body, headers=headers) as r:
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
-            if stream:
-                first = True
-                async for _line in r.content:
-                    if first:
-                        ttft.append(time.perf_counter() - t0)
-                        first = False
-            else:
-                await r.read()
-        lat.append(time.perf_counter() - t0)
+@dataclass
+class Side:
+    """One proxy as the load generator sees it: where its calls go and how its sessions are minted and retired."""
+
+    name: str
+    kind: str  # "ours" | "openenv"
+    base: str  # the server's root URL
+    path: str  # the agent's call path under the proxy's mount
+    dialect: str = "chat"
+    admin: str = field(default="", repr=False)
+    engine: str = ""
+
+    @property
+    def mount(self) -> str:
+        return f"{self.base}/capture" if self.kind == "ours" else self.base
+
+    async def mint(self, http, n: int) -> list[tuple[str, str]]:
+        """``n`` fresh sessions: (id, the agent's key)."""
+        auth = {"authorization": f"Bearer {self.admin}"}
+        if self.kind == "ours":
+            spec = {"engine_url": self.engine, "served_model": "stub", "max_calls": 10_000, "max_tokens": 64}
+        else:
+            spec = {"max_model_calls": 0}
+        out = []
+        for _ in range(n):
+            async with http.post(f"{self.mount}/sessions", json=spec, headers=auth) as r:
+                doc = await r.json()
+                if r.status not in (200, 201):
+                    raise RuntimeError(f"{self.name}: minting a session answered HTTP {r.status}: {doc}")
+            out.append((doc["id"], doc["key"]) if self.kind == "ours" else (doc["session_id"], doc["session_id"]))
+        return out
+
+    async def retire(self, http, sessions: Sequence[tuple[str, str]]) -> None:
+        auth = {"authorization": f"Bearer {self.admin}"}
+        for sid, _ in sessions:
+            async with http.delete(f"{self.mount}/sessions/{sid}", headers=auth) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"{self.name}: retiring session {sid} answered HTTP {r.status}")
 
 
-async def _run(url: str, keys: Sequence[str | None], body: dict, total: int, stream: bool) -> dict:
+Result = tuple[float, float | None, str | None]  # latency s, time to first chunk s (streams), error
+
+
+async def _call(http, url: str, key: str | None, body: bytes, stream: bool) -> Result:
     import aiohttp
 
-    lat: list[float] = []
-    ttft: list[float] = []
-    per = max(1, total // len(keys))
-    conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)  # below the server's 5 s, like Node's 4 s
-    async with aiohttp.ClientSession(connector=conn) as s:
-        # one warm-up call per agent (connections, caches), not measured
-        await asyncio.gather(*(_agent(s, url, _auth(k), body, stream, 1, [], []) for k in keys))
-        t0 = time.perf_counter()
-        await asyncio.gather(*(_agent(s, url, _auth(k), body, stream, per, lat, ttft) for k in keys))
-        wall = time.perf_counter() - t0
-    out = {**summary_ms(lat), "calls_per_s": round(len(lat) / wall, 1)}
-    if ttft:
-        out["ttft_p50_ms"] = round(pct(ttft, 50) * 1000, 3)
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    t0 = time.perf_counter()
+    ttft = None
+    try:
+        async with http.post(url, data=body, headers=headers) as r:
+            if r.status != 200:
+                return time.perf_counter() - t0, None, f"HTTP {r.status}: {(await r.text())[:200]}"
+            if not stream:
+                await r.read()
+                return time.perf_counter() - t0, None, None
+            error = None
+            async for line in r.content:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                if line.startswith(b'data: {"error"'):
+                    error = f"error in stream: {line[:200].decode('utf-8', 'replace')}"
+            return time.perf_counter() - t0, ttft, error
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return time.perf_counter() - t0, None, f"{type(e).__name__}: {e}"
+
+
+async def _phase(http, url: str, keys: Sequence[str | None], body: bytes, stream: bool, calls: int):
+    """Every agent makes ``calls`` calls one after another, all agents at once: (results per agent, wall s)."""
+
+    async def agent(key: str | None) -> list[Result]:
+        return [await _call(http, url, key, body, stream) for _ in range(calls)]
+
+    t0 = time.perf_counter()
+    out = await asyncio.gather(*(agent(k) for k in keys))
+    return out, time.perf_counter() - t0
+
+
+@dataclass
+class _Acc:
+    added: list[float] = field(default_factory=list)
+    added_ttft: list[float] = field(default_factory=list)
+    calls: int = 0
+    wall: float = 0.0
+    direct_calls: int = 0
+    direct_wall: float = 0.0
+    errors: int = 0
+    direct_errors: int = 0
+    first_errors: list[str] = field(default_factory=list)
+
+    def add(self, direct: list[list[Result]], dwall: float, through: list[list[Result]], wall: float) -> None:
+        self.direct_calls += sum(map(len, direct))
+        self.direct_wall += dwall
+        self.calls += sum(map(len, through))
+        self.wall += wall
+        for drow, prow in zip(direct, through, strict=True):
+            for (dl, dt, derr), (pl, pt, perr) in zip(drow, prow, strict=True):
+                self.direct_errors += derr is not None
+                if perr is not None:
+                    self.errors += 1
+                    if len(self.first_errors) < 3:
+                        self.first_errors.append(perr)
+                    continue
+                if derr is None:
+                    self.added.append(pl - dl)
+                    if dt is not None and pt is not None:
+                        self.added_ttft.append(pt - dt)
+
+    def doc(self) -> dict:
+        calls_s = self.calls / self.wall if self.wall else 0.0
+        direct_s = self.direct_calls / self.direct_wall if self.direct_wall else 0.0
+        out = {
+            "pairs": len(self.added),
+            "added_p50_ms": round(pct(self.added, 50) * 1000, 3),
+            "added_p99_ms": round(pct(self.added, 99) * 1000, 3),
+            "calls_per_s": round(calls_s, 1),
+            "direct_calls_per_s": round(direct_s, 1),
+            "kept": round(calls_s / direct_s, 3) if direct_s else None,
+            "errors": self.errors,
+            "direct_errors": self.direct_errors,
+        }
+        if self.added_ttft:
+            out["added_ttft_p50_ms"] = round(pct(self.added_ttft, 50) * 1000, 3)
+            out["added_ttft_p99_ms"] = round(pct(self.added_ttft, 99) * 1000, 3)
+        if self.first_errors:
+            out["first_errors"] = self.first_errors
+        return out
+
+
+async def _cell(direct: str, sides: Sequence[Side], size: int, stream: bool, conc: int, rounds: int) -> dict:
+    import aiohttp
+
+    bodies = {s.name: orjson.dumps(_dialect_request(s.dialect, size, stream)[1]) for s in sides}
+    direct_body = orjson.dumps(_request(size, stream))
+    accs = {s.name: _Acc() for s in sides}
+    conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)  # below the servers' 5 s, like Node's 4 s
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
+        for r in range(rounds + 1):  # round 0: one call per agent and side (connections, caches), not measured
+            calls = 1 if r == 0 else SESSION_CALLS
+            for side in sides:
+                d, dwall = await _phase(http, direct, [None] * conc, direct_body, stream, calls)
+                sessions = await side.mint(http, conc)
+                url = side.mount + side.path
+                p, wall = await _phase(http, url, [k for _, k in sessions], bodies[side.name], stream, calls)
+                await side.retire(http, sessions)
+                if r:
+                    accs[side.name].add(d, dwall, p, wall)
+    return {name: acc.doc() for name, acc in accs.items()}
+
+
+async def _flat(direct: str, sides: Sequence[Side], calls: int) -> dict:
+    """One session of ``calls`` calls per side, each paired with a direct call just before it."""
+    import aiohttp
+
+    body = orjson.dumps(_request(STUB_PROMPT_TOKENS, False))
+    added: dict[str, list[float]] = {s.name: [] for s in sides}
+    errors = dict.fromkeys(added, 0)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        sessions = {s.name: (await s.mint(http, 1))[0] for s in sides}
+        for _ in range(calls):
+            for s in sides:
+                dl, _, derr = await _call(http, direct, None, body, False)
+                pl, _, perr = await _call(http, s.mount + s.path, sessions[s.name][1], body, False)
+                errors[s.name] += perr is not None
+                added[s.name].append(pl - dl if derr is None and perr is None else float("nan"))
+        for s in sides:
+            await s.retire(http, [sessions[s.name]])
+    out = {}
+    tenth = max(1, calls // 10)
+    for name, values in added.items():
+        first = [v for v in values[:tenth] if v == v]
+        last = [v for v in values[-tenth:] if v == v]
+        f50, l50 = pct(first, 50) * 1000, pct(last, 50) * 1000
+        out[name] = {
+            "calls": calls,
+            "first_10pct_added_p50_ms": round(f50, 3),
+            "last_10pct_added_p50_ms": round(l50, 3),
+            "last_over_first": round(l50 / f50, 3) if f50 > 0 else None,
+            "errors": errors[name],
+        }
     return out
 
 
-def _auth(key: str | None) -> dict:
-    return {"authorization": f"Bearer {key}"} if key else {}
-
-
-async def _mint(server: str, admin: str, engine: str, n: int) -> list[str]:
-    import httpx
-
-    spec = {"engine_url": engine, "served_model": "stub", "max_calls": 10_000, "max_tokens": 64}
-    async with httpx.AsyncClient(base_url=server, headers={"authorization": f"Bearer {admin}"}, timeout=30) as c:
-        keys = []
-        for _ in range(n):
-            r = await c.post("/capture/sessions", json=spec)
-            r.raise_for_status()
-            keys.append(r.json()["key"])
-        return keys
-
-
-def _start_server(exits: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
+def _start_ours(exits: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
     env = {
         "SWE_GYM_ADMIN_KEY": admin,
         "SWE_GYM_DATA_DIR": os.path.join(tmp, f"data-{upstream}"),
@@ -137,67 +282,118 @@ def _start_server(exits: ExitStack, tmp: str, engine: str, admin: str, upstream:
     return stack.server(exits, engine, env)[0]
 
 
+def _start_openenv(exits: ExitStack, engine: str, admin: str) -> str:
+    python = procs.side_python(".openenv-venv")
+    if python is None:
+        raise RuntimeError("--peers openenv needs the checkout's .openenv-venv (OpenEnv 0.10; the test setup makes it)")
+    port = procs.free_port()
+    mod = "openenv.core.harness.capture.server"
+    argv = [str(python), "-m", mod, "--llm-url", engine, "--model", "stub", "--capture-level", "tokens"]
+    # the admin key through the environment, never argv; its own defaults otherwise (INFO logs, to /dev/null)
+    stack.start(
+        exits, [*argv, "--port", str(port)], f"http://127.0.0.1:{port}/health", {"OPENENV_CAPTURE_ADMIN_KEY": admin}
+    )
+    return f"http://127.0.0.1:{port}"
+
+
+def _sides(exits: ExitStack, tmp: str, engine: str, admin: str, clients, dialects, peers) -> list[Side]:
+    sides = []
+    for client in clients:
+        base = _start_ours(exits, tmp, engine, admin, client)
+        for d in dialects:
+            name = "ours" + (f"-{client}" if len(clients) > 1 else "") + (f"-{d}" if d != "chat" else "")
+            sides.append(Side(name, "ours", base, _dialect_request(d, 1, False)[0], d, admin, engine))
+    for peer in peers:
+        sides.append(Side(peer, peer, _start_openenv(exits, engine, admin), "/v1/chat/completions", "chat", admin))
+    return sides
+
+
+def _ratios(row: dict, ours: str, peers: Sequence[str]) -> dict:
+    out = {}
+    for peer in peers:
+        a, b = row[ours], row[peer]
+        out[peer] = {
+            "kept_ours_over_peer": round(a["kept"] / b["kept"], 3) if a["kept"] and b["kept"] else None,
+            "added_p50_ours_over_peer": round(a["added_p50_ms"] / b["added_p50_ms"], 3) if b["added_p50_ms"] else None,
+        }
+    return out
+
+
 def run(
-    as_json: bool, quick: bool = False, clients: tuple[str, ...] = ("aiohttp",), dialects: tuple[str, ...] = ("chat",)
+    as_json: bool,
+    quick: bool = False,
+    clients: tuple[str, ...] = ("aiohttp",),
+    dialects: tuple[str, ...] = ("chat",),
+    peers: tuple[str, ...] = (),
+    flat_calls: int | None = None,
 ) -> int:
     for d in dialects:
         _dialect_request(d, 1, False)  # unknown names fail before anything starts
+    if unknown := set(peers) - set(PEERS):
+        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
     admin = secrets.token_urlsafe(16)
     sizes, concs = ((1000,), (1, 64)) if quick else (SIZES, CONCURRENCY)
+    flat_n = flat_calls if flat_calls is not None else (100 if quick else FLAT_CALLS)
     results = []
     with ExitStack() as exits, tempfile.TemporaryDirectory() as tmp:
-        eport = free_port()
-        engine = f"http://127.0.0.1:{eport}"
-        stub = [sys.executable, "-m", "swe_gym_env.benchmarks.stub_engine", str(eport)]
-        stack.start(exits, stub, f"{engine}/health")
-        servers = {name: _start_server(exits, tmp, engine + "/v1", admin, name) for name in clients}
+        eport = procs.free_port()
+        engine_root = f"http://127.0.0.1:{eport}"
+        stack.start(
+            exits, [sys.executable, "-m", "swe_gym_env.benchmarks.stub_engine", str(eport)], f"{engine_root}/health"
+        )
+        engine = engine_root + "/v1"
+        direct = f"{engine}/chat/completions"
+        sides = _sides(exits, tmp, engine, admin, clients, dialects, peers)
+        ours = sides[0].name
         for size in sizes:
             for stream in (False, True):
                 for conc in concs:
-                    total = CALLS[conc] // (4 if quick else 1)
-                    body = _request(size, stream)
-                    direct = asyncio.run(_run(f"{engine}/v1/chat/completions", [None] * conc, body, total, stream))
-                    for dialect in dialects:
-                        if dialect != "chat" and size != STUB_PROMPT_TOKENS:
-                            continue  # the stub cannot size a translated dialect's prompt (see the module doc)
-                        path, dbody = _dialect_request(dialect, size, stream)
-                        row = {"dialect": dialect, "prompt_tokens": size, "stream": stream, "sessions": conc}
-                        row["direct"] = direct
-                        for name, server in servers.items():
-                            keys = asyncio.run(_mint(server, admin, engine + "/v1", conc))
-                            through = asyncio.run(_run(f"{server}/capture{path}", keys, dbody, total, stream))
-                            row[f"through_{name}"] = through
-                            row[f"added_p50_ms_{name}"] = round(through["p50_ms"] - direct["p50_ms"], 3)
-                            row[f"added_p99_ms_{name}"] = round(through["p99_ms"] - direct["p99_ms"], 3)
-                            if stream:
-                                added = through["ttft_p50_ms"] - direct["ttft_p50_ms"]
-                                row[f"added_ttft_p50_ms_{name}"] = round(added, 3)
-                        results.append(row)
+                    here = [s for s in sides if s.dialect == "chat" or size == STUB_PROMPT_TOKENS]
+                    rounds = max(1, CELL_CALLS[conc] // (conc * SESSION_CALLS) // (4 if quick else 1))
+                    load = round(os.getloadavg()[0], 2)
+                    row = {"prompt_tokens": size, "stream": stream, "sessions": conc, "load_avg_1m": load}
+                    row |= asyncio.run(_cell(direct, here, size, stream, conc, rounds))
+                    row["ratios"] = _ratios(row, ours, peers)
+                    results.append(row)
+                    done = ", ".join(
+                        f"{s.name} +p50 {row[s.name]['added_p50_ms']} kept {row[s.name]['kept']}" for s in here
+                    )
+                    print(f"capture bench: {size} stream={stream} sessions={conc}: {done}", file=sys.stderr)
+        flat: dict = {}
+        if flat_n:
+            flat_sides = [sides[0], *(s for s in sides if s.kind != "ours")]
+            flat = {"load_avg_1m": round(os.getloadavg()[0], 2)} | asyncio.run(_flat(direct, flat_sides, flat_n))
     doc = {
         "bench": "capture",
         "cpus": os.cpu_count(),
-        "note": "direct = the stub engine called by the same load generator; through = via the server's /capture "
-        "with a durable SQLite store; all three processes share this machine's cores",
+        "note": "paired A/B: each proxied call minus the same agent's call at the same position in the direct phase "
+        "just before it; kept = proxied ÷ direct calls/s over the paired phases; sessions of "
+        f"{SESSION_CALLS} calls, minted before and retired after each phase; all processes share this machine's "
+        "cores (load_avg_1m per cell)",
+        "sides": {s.name: {"kind": s.kind, "path": s.path} for s in sides},
         "results": results,
+        "flat": flat,
     }
-    first = clients[0]
-    header = ["dialect", "prompt", "stream", "sessions", "direct p50", "through p50", "+p50 ms", "+p99 ms", "calls/s"]
-    header += ["direct calls/s", "+ttft"]
-    rows = [
-        [
-            r["dialect"],
-            r["prompt_tokens"],
-            r["stream"],
-            r["sessions"],
-            r["direct"]["p50_ms"],
-            r[f"through_{first}"]["p50_ms"],
-            r[f"added_p50_ms_{first}"],
-            r[f"added_p99_ms_{first}"],
-            r[f"through_{first}"]["calls_per_s"],
-            r["direct"]["calls_per_s"],
-            r.get(f"added_ttft_p50_ms_{first}", ""),
-        ]
-        for r in results
-    ]
-    emit(doc, as_json, rows, header)
+    emit(doc, as_json, *_table(results, flat, sides))
     return 0
+
+
+def _table(results: list[dict], flat: dict, sides: Sequence[Side]) -> tuple[list[list], list[str]]:
+    header = ["prompt", "stream", "sessions", "side", "+p50 ms", "+p99 ms", "+ttft p50", "calls/s", "direct/s"]
+    header += ["kept", "errors", "kept ours÷this", "load"]
+    rows = []
+    for r in results:
+        for s in (s for s in sides if s.name in r):
+            x = r[s.name]
+            ratio = r["ratios"].get(s.name, {}).get("kept_ours_over_peer", "")
+            cell = [r["prompt_tokens"], r["stream"], r["sessions"], s.name, x["added_p50_ms"], x["added_p99_ms"]]
+            speed = [x.get("added_ttft_p50_ms", ""), x["calls_per_s"], x["direct_calls_per_s"], x["kept"]]
+            rows.append([*cell, *speed, x["errors"], ratio, r["load_avg_1m"]])
+    for name, f in flat.items():
+        if isinstance(f, dict):
+            first, last = f["first_10pct_added_p50_ms"], f["last_10pct_added_p50_ms"]
+            flatness = f"last/first {f['last_over_first']}"
+            rows.append(
+                ["flat", False, 1, name, first, last, "", "", "", flatness, f["errors"], "", flat["load_avg_1m"]]
+            )
+    return rows, header

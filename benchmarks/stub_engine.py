@@ -104,4 +104,5 @@ def make_app():
 if __name__ == "__main__":
     from aiohttp import web
 
-    web.run_app(make_app(), host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+    # aiohttp's default listen backlog (128) drops connects when 256 sessions open at once (uvicorn, so vLLM: 2048)
+    web.run_app(make_app(), host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, backlog=2048)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from array import array
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -50,12 +51,16 @@ class DialectError(Exception):
 
 @dataclass
 class CapturedCall:
-    prompt_token_ids: list[int]
-    completion_token_ids: list[int]
-    logprobs: list[float]
+    """One validated call. Ids are int64 and logprobs float64 arrays (the engine's values exactly): they stay arrays
+    through the graph and the store; a turn's wire form (`wire.Turn`) has them as JSON lists."""
+
+    prompt_token_ids: array  # typecode "q"
+    completion_token_ids: array  # "q"
+    logprobs: array  # "d"
     message: dict  # the assistant message, chat-shaped: role, content, tool_calls
     finish_reason: str | None
     usage: dict | None
+    prompt_list: list[int] | None = None  # the prompt ids as a list, where one was made already (a turn's wire form)
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,29 @@ def sse(data: dict | str) -> bytes:
     return b"data: " + (data.encode() if isinstance(data, str) else orjson.dumps(data)) + b"\n\n"
 
 
+def read_event(data: bytes) -> dict:
+    """One streamed engine chunk (an SSE ``data:`` payload): a JSON object, or `DialectError`."""
+    try:
+        event = orjson.loads(data)
+    except ValueError:
+        raise DialectError(502, "engine streamed a chunk that is not JSON") from None
+    if not isinstance(event, dict):
+        raise DialectError(502, "engine streamed a chunk that is not an object")
+    if "error" in event:
+        raise DialectError(502, f"engine error mid-stream: {str(event['error'])[:300]}")
+    return event
+
+
 class DialectStream(ABC):
     """One streamed call: collects and checks the engine's chunks and turns each into what the agent gets."""
+
+    def read(self, data: bytes) -> dict:
+        """One engine chunk's bytes as a chunk (`read_event`); a dialect may leave parts to parse later."""
+        return read_event(data)
+
+    def forwarded(self) -> None:
+        """Called once what the agent got so far is on its way: work kept off the agent's path goes here."""
+        return None
 
     @abstractmethod
     def check_first(self, chunk: dict | None) -> None:

@@ -118,7 +118,8 @@ class RolloutGraph:
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
-        self._index: dict[int, list[int]] = {}
+        # indexed prefix -> the node with it (an int: most prefixes have one) or the nodes (a list, up to MAX_PER_KEY)
+        self._index: dict[int, int | list[int]] = {}
         self._hasher = _PrefixHasher()
 
     def add(self, prompt: list[int] | np.ndarray, completion: list[int] | np.ndarray, logprobs) -> list[Finding]:
@@ -142,9 +143,19 @@ class RolloutGraph:
             self.nodes[node.parent].children.append(node.index)
         # blocks before the shared prefix are indexed already (by the base node); from the last shared one on,
         # this node is a candidate too
-        for key in keys[max(0, node.shared // BLOCK - 1) :].tolist():
-            bucket = self._index.setdefault(key, [])
-            if len(bucket) < MAX_PER_KEY:
+        todo = keys[max(0, node.shared // BLOCK - 1) :].tolist()
+        index = self._index
+        fresh = set(todo).difference(index)
+        index.update(dict.fromkeys(fresh, node.index))  # a fresh prompt's blocks in one step (C loops, not Python's)
+        if len(fresh) == len(todo):
+            return
+        for key in todo:
+            if key in fresh:
+                continue
+            bucket = index[key]
+            if isinstance(bucket, int):
+                index[key] = [bucket, node.index]
+            elif len(bucket) < MAX_PER_KEY:
                 bucket.append(node.index)
 
     def _link(self, node: Node, keys: np.ndarray) -> list[Finding]:
@@ -160,7 +171,8 @@ class RolloutGraph:
             node.root = node.index
             return []
         best, best_len, best_rank = -1, -1, (-1, -1)
-        for cand in self._index[int(keys[lo - 1])]:
+        bucket = self._index[int(keys[lo - 1])]
+        for cand in (bucket,) if isinstance(bucket, int) else bucket:
             m = self.nodes[cand]
             shared = _lcp_node(node.prompt, m, start=(lo - 1) * BLOCK)
             if shared < lo * BLOCK:  # a hash collision: not really this prefix

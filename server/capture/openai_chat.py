@@ -9,11 +9,12 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+import orjson
 
 from swe_gym_env.server.capture.dialect import (
     AgentRequest,
@@ -22,8 +23,10 @@ from swe_gym_env.server.capture.dialect import (
     DialectError,
     DialectRoute,
     DialectStream,
+    read_event,
     sse,
 )
+from swe_gym_env.server.capture.ids import check_ids, cut_prompt_ids, parse_id_list
 
 CAPTURE_ONLY_KEYS = ("prompt_token_ids", "token_ids", "prompt_logprobs", "kv_transfer_params")
 
@@ -76,36 +79,6 @@ def upstream_body(
     return up, rewrites
 
 
-def _int_list(x: Any) -> bool:
-    """A non-empty flat list of token ids (checked in C: this runs on every prompt, 50k ids and more)."""
-    if not isinstance(x, list) or not x:
-        return False
-    try:
-        a = np.asarray(x)
-    except (ValueError, TypeError):
-        return False
-    return a.ndim == 1 and a.dtype.kind in "iu" and int(a.min()) >= 0 and int(a.max()) < 2**31
-
-
-def check_ids(prompt_ids: Any, ids: Any, content: Any) -> list[float]:
-    """Validate a call's ids and logprobs; returns the logprobs. Anything off is an error, never a success."""
-    if not _int_list(prompt_ids) or not prompt_ids:
-        raise DialectError(502, "engine returned no prompt_token_ids (is it vLLM >= 0.10.2?)", "no_token_ids")
-    if not _int_list(ids) or not ids:
-        raise DialectError(502, "engine returned no completion token_ids", "no_token_ids")
-    if not isinstance(content, list) or len(content) != len(ids):
-        raise DialectError(502, f"engine returned {len(content or [])} logprobs for {len(ids)} tokens")
-    lps = []
-    for i, (tid, entry) in enumerate(zip(ids, content, strict=True)):
-        if not isinstance(entry, dict) or entry.get("token") != f"token_id:{tid}":
-            raise DialectError(502, f"logprob entry {i} does not name token {tid} (need --return-tokens-as-token-ids)")
-        lp = entry.get("logprob")
-        if not isinstance(lp, int | float) or isinstance(lp, bool) or lp > 0:
-            raise DialectError(502, f"logprob entry {i} is not a log-probability: {lp!r}")
-        lps.append(float(lp))
-    return lps
-
-
 def call_from_reply(data: Any) -> CapturedCall:
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise DialectError(502, "engine reply has no choices")
@@ -113,15 +86,16 @@ def call_from_reply(data: Any) -> CapturedCall:
     if not isinstance(choice, dict):
         raise DialectError(502, "engine reply choice is not an object")
     content = (choice.get("logprobs") or {}).get("content")
-    lps = check_ids(data.get("prompt_token_ids"), choice.get("token_ids"), content)
+    prompt, completion, lps = check_ids(data.get("prompt_token_ids"), choice.get("token_ids"), content)
     msg = choice.get("message") or {}
     return CapturedCall(
-        prompt_token_ids=data["prompt_token_ids"],
-        completion_token_ids=choice["token_ids"],
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
         logprobs=lps,
         message={"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls") or []},
         finish_reason=choice.get("finish_reason"),
         usage=data.get("usage"),
+        prompt_list=data["prompt_token_ids"],  # checked: the list the reply carried
     )
 
 
@@ -130,6 +104,8 @@ class StreamAccumulator:
     """Reassembles a streamed reply (vLLM: prompt ids in the first chunk, token ids and logprobs per chunk)."""
 
     prompt_token_ids: Any = None
+    prompt_raw: bytes | None = None  # the first chunk's prompt ids as the engine wrote them, parsed by `settle`
+    prompt_list: list[int] | None = None  # `settle`'s ids as a list (what the turn records)
     token_ids: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     content: list[str] = field(default_factory=list)
@@ -172,16 +148,33 @@ class StreamAccumulator:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
+    def settle(self) -> None:
+        """Parse the prompt ids cut from the first chunk (`cut_prompt_ids`), once the agent has that chunk."""
+        raw, self.prompt_raw = self.prompt_raw, None
+        if raw is None or self.prompt_token_ids is not None:
+            return
+        ids = parse_id_list(raw)
+        if ids is None:  # not plainly a list of ints: read it as JSON, and `check_ids` says what is wrong
+            try:
+                ids = orjson.loads(raw)
+            except ValueError:
+                raise DialectError(502, "engine streamed prompt_token_ids that are not JSON") from None
+        self.prompt_token_ids = ids
+        if isinstance(ids, array):  # the turn's list, made here while the engine is still generating
+            self.prompt_list = ids.tolist()
+
     def call(self) -> CapturedCall:
-        lps = check_ids(self.prompt_token_ids, self.token_ids, self.logprobs)
+        self.settle()
+        prompt, completion, lps = check_ids(self.prompt_token_ids, self.token_ids, self.logprobs)
         calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return CapturedCall(
-            prompt_token_ids=self.prompt_token_ids,
-            completion_token_ids=self.token_ids,
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
             logprobs=lps,
             message={"role": "assistant", "content": "".join(self.content) or None, "tool_calls": calls},
             finish_reason=self.finish_reason,
             usage=self.usage,
+            prompt_list=self.prompt_list,
         )
 
 
@@ -247,19 +240,51 @@ class ChatStream(DialectStream):
         self.model = model
         self.include_usage = include_usage
         self.acc = StreamAccumulator()
+        self._last: tuple[dict | None, bytes] = (None, b"")  # the chunk `read` made last, and its bytes
+
+    def read(self, data: bytes) -> dict:
+        """The first chunk's prompt ids are cut out unparsed (`settle` reads them once the agent has the chunk)."""
+        if self.acc.prompt_token_ids is None and self.acc.prompt_raw is None and (cut := cut_prompt_ids(data)):
+            rest, self.acc.prompt_raw = cut
+            event = read_event(rest)
+            self._last = (event, rest)
+            return event
+        event = read_event(data)
+        self._last = (event, data)
+        return event
+
+    def _as_sent(self, chunk: dict) -> bytes | None:
+        """The chunk's own bytes when the agent gets it unchanged: nothing to strip, the model name already its."""
+        event, data = self._last
+        if event is not chunk or any(k in chunk for k in CAPTURE_ONLY_KEYS):
+            return None
+        if self.model and chunk.get("model") != self.model:
+            return None
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return None
+        for c in choices:
+            if isinstance(c, dict) and ("logprobs" in c or any(k in c for k in CAPTURE_ONLY_KEYS)):
+                return None
+        return data
 
     def check_first(self, chunk: dict | None) -> None:
-        if chunk is None or chunk.get("prompt_token_ids") is None:
+        if chunk is None or (chunk.get("prompt_token_ids") is None and self.acc.prompt_raw is None):
             raise DialectError(502, "engine streamed no prompt_token_ids", "no_token_ids")
 
     def add(self, chunk: dict) -> None:
         self.acc.add(chunk)
+
+    def forwarded(self) -> None:
+        self.acc.settle()
 
     def holds(self, chunk: dict) -> bool:
         choices = chunk.get("choices") or []
         return any(isinstance(c, dict) and c.get("finish_reason") for c in choices) or not choices
 
     def agent_chunk(self, chunk: dict) -> bytes:
+        if (data := self._as_sent(chunk)) is not None:
+            return b"data: " + data + b"\n\n"
         return sse(agent_chunk(chunk, self.model))
 
     def end(self, held: list[dict]) -> Iterator[bytes]:

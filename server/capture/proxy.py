@@ -387,11 +387,11 @@ class CaptureProxy:
             except Exception as e:  # never answer a call we could not keep
                 raise DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
         g.commit(node, keys)
-        turn = Turn(
+        turn = Turn.model_construct(  # every field is checked already (ids and logprobs by the dialect)
             index=index,
-            prompt_token_ids=call.prompt_token_ids,
-            completion_token_ids=call.completion_token_ids,
-            logprobs=call.logprobs,
+            prompt_token_ids=call.prompt_list if call.prompt_list is not None else call.prompt_token_ids.tolist(),
+            completion_token_ids=call.completion_token_ids.tolist(),
+            logprobs=call.logprobs.tolist(),
             finish_reason=call.finish_reason,
             streamed=streamed,
             wall_s=round(wall, 4),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from swe_gym_env.server.capture.graph import Node
 
@@ -54,8 +55,15 @@ CREATE TABLE IF NOT EXISTS calls (
 """
 
 
+_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+
+
 def _digest(message: Any) -> bytes:
-    return hashlib.blake2b(json.dumps(message, sort_keys=True).encode(), digest_size=16).digest()
+    return hashlib.blake2b(orjson.dumps(message, option=_SORTED), digest_size=16).digest()
+
+
+def _text(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 class CaptureStore:
@@ -118,9 +126,9 @@ class CaptureStore:
                 int(streamed),
                 wall_s,
                 keep,
-                json.dumps(messages[keep:]),
-                json.dumps({k: v for k, v in request.items() if k != "messages"}),
-                json.dumps(response),
+                _text(messages[keep:]),
+                _text({k: v for k, v in request.items() if k != "messages"}),
+                _text(response),
                 dialect,
             ),
         )

@@ -1,9 +1,12 @@
 """Calls to the engine and what reaches the agent while they run, whatever the dialect.
 
 A non-streamed call is one upstream POST in a task its session can cancel. A streamed call is pumped by its own task
-(`pump`) onto a queue, under two clocks: the whole call's timeout and a stall timeout that restarts with every line.
-`stream_through` forwards each chunk to the agent as it arrives and holds the end of the reply until the call is
-stored; `passthrough` relays the engine's answer unchanged (black-box sessions, nothing captured).
+(`pump`) onto a queue, under two clocks: the whole call's timeout and a stall timeout that restarts with every read.
+The pump splits the engine's bytes into SSE payloads and queues them unparsed, all that arrived together at once;
+`stream_through` has the dialect read them (`DialectStream.read`), forwards what arrived together in one write as it
+arrives, does the work kept off the agent's path once that write is out (`DialectStream.forwarded`: vLLM's prompt
+ids), and holds the end of the reply until the call is stored; `passthrough` relays the engine's answer unchanged
+(black-box sessions, nothing captured).
 """
 
 from __future__ import annotations
@@ -68,11 +71,24 @@ async def post(upstream: Upstream, session: CaptureSession, path: str, body: dic
         raise UpstreamError("the capture session closed during this call") from None
 
 
-async def pump(
-    upstream: Upstream, session: CaptureSession, path: str, body: dict, queue: asyncio.Queue, raw: bool
-) -> None:
-    """Owns the upstream stream (its own task, so its timeout and cleanup never touch the caller's task).
-    Two clocks: the whole call's timeout, and a stall timeout that restarts with every line the engine sends."""
+def _sse_data(lines: list[bytes]) -> tuple[list[bytes], bool]:
+    """The ``data:`` payloads among complete SSE lines, and whether ``[DONE]`` ended them."""
+    out = []
+    for line in lines:
+        line = line.strip()
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return out, True
+            out.append(data)
+    return out, False
+
+
+async def pump(upstream: Upstream, session: CaptureSession, path: str, body: dict, queue: asyncio.Queue) -> None:
+    """Owns the upstream stream (its own task, so its timeout and cleanup never touch the caller's task) and puts
+    its ``data:`` payloads on ``queue`` unparsed, as many at a time as have arrived (``("data", [bytes, …])``), then
+    ``("done", None)`` or ``("error", DialectError)``. Two clocks: the whole call's timeout, and a stall timeout that
+    restarts whenever the engine sends anything."""
     loop = asyncio.get_running_loop()
     stall = session.stall_timeout_s
     idle = asyncio.timeout(stall)
@@ -89,48 +105,46 @@ async def pump(
                 if not reply.content_type.startswith("text/event-stream"):
                     kind = reply.content_type or "no content type"
                     raise DialectError(502, f"engine answered a streamed request with {kind}, not a stream")
-                async for line in reply.lines():
+                buf = b""
+                async for piece in reply.chunks():
                     idle.reschedule(loop.time() + stall)
-                    line = line.strip()
-                    if not line.startswith(b"data:"):
+                    buf += piece
+                    if b"\n" not in piece:
                         continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        await queue.put(("done", None))
+                    *lines, buf = buf.split(b"\n")
+                    batch, done = _sse_data(lines)
+                    if batch:
+                        queue.put_nowait(("data", batch))
+                    if done:
+                        queue.put_nowait(("done", None))
                         return
-                    if raw:
-                        await queue.put(("raw", data))
-                        continue
-                    try:
-                        event = orjson.loads(data)
-                    except ValueError:
-                        raise DialectError(502, "engine streamed a chunk that is not JSON") from None
-                    if not isinstance(event, dict):
-                        raise DialectError(502, "engine streamed a chunk that is not an object")
-                    if "error" in event:
-                        raise DialectError(502, f"engine error mid-stream: {str(event['error'])[:300]}")
-                    await queue.put(("event", event))
+                batch, done = _sse_data([buf])  # a last line without its newline
+                if batch:
+                    queue.put_nowait(("data", batch))
+                if done:
+                    queue.put_nowait(("done", None))
+                    return
                 raise DialectError(502, "engine stream ended without [DONE]")
     except DialectError as e:
-        await queue.put(("error", e))
+        queue.put_nowait(("error", e))
     except UpstreamError as e:
-        await queue.put(("error", DialectError(504 if e.timeout else 502, str(e))))
+        queue.put_nowait(("error", DialectError(504 if e.timeout else 502, str(e))))
     except TimeoutError:
         if idle.expired():
             msg = f"engine stream stalled: nothing for {stall:g}s (stall timeout)"
         else:
             msg = f"engine timed out after {session.call_timeout_s:.0f}s"
-        await queue.put(("error", DialectError(504, msg)))
+        queue.put_nowait(("error", DialectError(504, msg)))
     except asyncio.CancelledError:
         queue.put_nowait(("error", DialectError(409, "the capture session closed during this call")))
         raise
 
 
 def start_pump(
-    upstream: Upstream, session: CaptureSession, path: str, body: dict, raw: bool
+    upstream: Upstream, session: CaptureSession, path: str, body: dict
 ) -> tuple[asyncio.Task, asyncio.Queue]:
     queue: asyncio.Queue = asyncio.Queue()
-    task = asyncio.create_task(pump(upstream, session, path, body, queue, raw))
+    task = asyncio.create_task(pump(upstream, session, path, body, queue))
     _track(session, task)
     return task, queue
 
@@ -143,39 +157,47 @@ async def stream_through(
     up: dict,
     record: Callable[[CapturedCall], None],
 ) -> Response:
-    """Forward the engine's stream chunk by chunk; the end of the reply waits until ``record`` has stored the call."""
-    task, queue = start_pump(upstream, session, dialect.upstream_path, up, raw=False)
-    kind, first = await queue.get()
+    """Forward the engine's stream as it arrives (what has arrived together goes to the agent in one write); the end
+    of the reply waits until ``record`` has stored the call."""
+    task, queue = start_pump(upstream, session, dialect.upstream_path, up)
+    kind, batch = await queue.get()
     stream = dialect.open_stream(request)
     try:
         if kind == "error":
-            raise first
-        stream.check_first(first if kind == "event" else None)
+            raise batch
+        first = stream.read(batch[0]) if kind == "data" else None
+        stream.check_first(first)
     except DialectError as err:
         task.cancel()
         return fail(session, dialect, err.status, err.message, err.code)
+    assert first is not None
 
     async def body() -> AsyncIterator[bytes]:
         try:
             stream.add(first)
-            if out := stream.agent_chunk(first):
-                yield out
+            out = [stream.agent_chunk(first)]
+            items: list[bytes] = batch[1:]
             held: list[dict] = []
             while True:
-                kind, item = await queue.get()
+                for data in items:
+                    item = stream.read(data)
+                    stream.add(item)
+                    if held or stream.holds(item):
+                        held.append(item)  # the end of the reply waits until the call is stored
+                    else:
+                        out.append(stream.agent_chunk(item))
+                if chunk := b"".join(out):
+                    yield chunk
+                    out.clear()
+                stream.forwarded()
+                kind, got = await queue.get()
                 if kind == "done":
                     break
                 if kind == "error":
-                    raise item
-                stream.add(item)
-                if held or stream.holds(item):
-                    held.append(item)  # the end of the reply waits until the call is stored
-                    continue
-                if out := stream.agent_chunk(item):
-                    yield out
+                    raise got
+                items = got
             record(stream.call())
-            for out in stream.end(held):
-                yield out
+            yield b"".join(stream.end(held))
         except DialectError as e:
             session.fail(e.message, e.code)
             yield dialect.sse_error(e.status, e.message)
@@ -208,7 +230,7 @@ async def passthrough(upstream: Upstream, session: CaptureSession, dialect: Dial
             session.fail(f"engine answered HTTP {status}")
         session.publish({"type": "call", "session": session.id, "call": session.calls, "status": status})
         return Response(data, status, media_type="application/json")
-    task, queue = start_pump(upstream, session, dialect.upstream_path, up, raw=True)
+    task, queue = start_pump(upstream, session, dialect.upstream_path, up)
     kind, first = await queue.get()
     if kind == "error":
         return fail(session, dialect, first.status, first.message)
@@ -221,7 +243,7 @@ async def passthrough(upstream: Upstream, session: CaptureSession, dialect: Dial
                     session.fail(item.message)
                     yield dialect.sse_error(item.status, item.message)
                     return
-                yield b"data: " + item + b"\n\n"
+                yield b"".join(b"data: " + data + b"\n\n" for data in item)
                 k, item = await queue.get()
             yield sse("[DONE]")
             session.consecutive_failures = 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,8 @@ from swe_gym_env.server.capture.dialect import (
     DialectRoute,
     DialectStream,
 )
-from swe_gym_env.server.capture.openai_chat import StreamAccumulator, check_ids
+from swe_gym_env.server.capture.ids import check_ids
+from swe_gym_env.server.capture.openai_chat import StreamAccumulator
 from swe_gym_env.server.capture.openai_chat import upstream_body as chat_upstream_body
 
 IMAGES_REFUSED = "images are not supported through the capture proxy (the engine takes text only)"
@@ -285,13 +287,14 @@ class TranslatedDialect(Dialect):
         if request is not None and choice.get("stop_reason") is not None:
             request.state["engine_stop"] = choice["stop_reason"]
         if not capture:
-            return CapturedCall([], [], [], message, choice.get("finish_reason"), data.get("usage"))
-        lps = check_ids(
+            finish = choice.get("finish_reason")
+            return CapturedCall(array("q"), array("q"), array("d"), message, finish, data.get("usage"))
+        prompt, completion, lps = check_ids(
             data.get("prompt_token_ids"), choice.get("token_ids"), (choice.get("logprobs") or {}).get("content")
         )
         return CapturedCall(
-            prompt_token_ids=data["prompt_token_ids"],
-            completion_token_ids=choice["token_ids"],
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
             logprobs=lps,
             message=message,
             finish_reason=choice.get("finish_reason"),

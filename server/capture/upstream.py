@@ -16,6 +16,8 @@ from typing import Protocol
 
 import orjson
 
+STALE_RETRIES = 3  # a request on a kept-alive connection the engine had closed is sent again, this many times at most
+
 
 class UpstreamError(Exception):
     """The engine could not be reached or did not answer in time."""
@@ -31,7 +33,9 @@ class StreamReply(Protocol):
 
     async def body(self) -> bytes: ...
 
-    def lines(self) -> AsyncIterator[bytes]: ...
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (as many as are there at each step: lines are the reader's business)."""
+        ...
 
 
 class Upstream(Protocol):
@@ -53,19 +57,30 @@ class AiohttpUpstream:
         import aiohttp
 
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
-                json_serialize=json.dumps,
-            )
+            # idle connections are dropped before an engine's server drops them (uvicorn, so vLLM: 5 s)
+            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit, keepalive_timeout=4)
+            self._session = aiohttp.ClientSession(connector=connector, json_serialize=json.dumps)
         return self._session
+
+    async def _open(self, url: str, body: dict, headers: dict[str, str], timeout):
+        """The engine's response to a POST. A kept-alive connection the engine closed while it sat in the pool fails
+        before any reply, all the more often under load (the close is read late): such a failure is retried, on
+        another connection, a few times (a pool can hold several such connections)."""
+        import aiohttp
+
+        data = orjson.dumps(body)
+        for _ in range(STALE_RETRIES):
+            try:
+                return await self._client().post(url, data=data, headers=headers, timeout=timeout)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                continue
+        return await self._client().post(url, data=data, headers=headers, timeout=timeout)
 
     async def post(self, url: str, body: dict, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
         import aiohttp
 
         try:
-            async with self._client().post(
-                url, data=orjson.dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as r:
+            async with await self._open(url, body, headers, aiohttp.ClientTimeout(total=timeout)) as r:
                 return r.status, await r.read()
         except TimeoutError as e:
             raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
@@ -77,11 +92,8 @@ class AiohttpUpstream:
         import aiohttp
 
         try:
-            async with self._client().post(
-                url,
-                data=orjson.dumps(body),
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout, sock_read=timeout),
+            async with await self._open(
+                url, body, headers, aiohttp.ClientTimeout(total=timeout, sock_read=timeout)
             ) as r:
                 yield _AiohttpStream(r)
         except TimeoutError as e:
@@ -104,9 +116,9 @@ class _AiohttpStream:
     async def body(self) -> bytes:
         return await self._r.read()
 
-    async def lines(self) -> AsyncIterator[bytes]:
-        async for line in self._r.content:
-            yield line
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for data in self._r.content.iter_any():
+            yield data
 
 
 class HttpxUpstream:
@@ -156,9 +168,9 @@ class _HttpxStream:
     async def body(self) -> bytes:
         return await self._r.aread()
 
-    async def lines(self) -> AsyncIterator[bytes]:
-        async for line in self._r.aiter_lines():
-            yield line.encode()
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for data in self._r.aiter_bytes():
+            yield data
 
 
 UPSTREAMS = {"aiohttp": AiohttpUpstream, "httpx": HttpxUpstream}
