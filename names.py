@@ -37,6 +37,9 @@ SANDBOXES: dict[str, Plugin] = {
         "swe_gym_env.server.sandbox.docker:DockerSandbox", "scripts/setup_docker.sh (docker.io + dockerd)"
     ),
     "hf": Plugin("swe_gym_env.server.sandbox.hf:HFSandbox", "pip install 'huggingface_hub>=1.22' and an HF token"),
+    "hf-pool": Plugin(
+        "swe_gym_env.server.sandbox.hf_pool:HFPoolSandbox", "pip install 'huggingface_hub>=1.22' and an HF token"
+    ),
     "e2b": Plugin("swe_gym_env.server.sandbox.e2b:E2BSandbox", "pip install 'swe_gym_env[sandboxes]' and E2B_API_KEY"),
 }
 

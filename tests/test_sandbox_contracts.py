@@ -20,15 +20,17 @@ import pytest
 from e2b.sandbox_async.commands.command import Commands
 from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
 from e2b.sandbox_async.filesystem.filesystem import Filesystem
-from huggingface_hub._sandbox import SandboxFiles, SandboxProcess
+from huggingface_hub._sandbox import SandboxCommandResult, SandboxFiles, SandboxProcess
 
 from swe_gym_env.server.agents.bundle import _seal
-from swe_gym_env.server.sandbox import remote
+from swe_gym_env.server.sandbox import hf_pool, remote
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 
 pytestmark = pytest.mark.anyio
 REAL_HF = huggingface_hub.Sandbox  # before any monkeypatch
+REAL_POOL = huggingface_hub.SandboxPool
+REAL_API = huggingface_hub.HfApi
 REAL_E2B = e2b.AsyncSandbox
 calls: list[tuple[str, dict]] = []
 scripts: dict[str, str] = {}  # detached process id -> the command it ran (to script its output)
@@ -126,6 +128,7 @@ class FakeHFSandbox(Strict):
     polls = 0
 
     def __init__(self):
+        self.id = "0123456789abcdef01234567"  # the real one sets it in __init__
         self.files = FakeHFFiles()
         self.procs: list[FakeHFProcess] = []
 
@@ -140,7 +143,10 @@ class FakeHFSandbox(Strict):
         if args.get("background"):
             self.procs.append(FakeHFProcess(f"p{len(self.procs)}"))
             return self.procs[-1]
-        return None
+        return SandboxCommandResult(exit_code=0, stdout=self.foreground(args["cmd"]), stderr="")
+
+    def foreground(self, cmd: str) -> str:
+        return ""
 
     def processes(self, *a, **kw):
         checked(REAL_HF, "processes")(*a, **kw)
@@ -189,6 +195,187 @@ def test_hf_fake_rejects_what_the_real_api_lacks():
         FakeHFSandbox.create("img", idle_timeout=5, no_such_argument=1)
     with pytest.raises(AttributeError):
         FakeHFSandbox().get_host(8080)  # HF has proxy_url_for, not get_host
+
+
+# -- HF pool -------------------------------------------------------------------------------------------------------
+POOL_HOME = "/.sbx/ab12cd34"  # where the fake pool sandbox's home is (the file API's root)
+HOST_JOB = "6a44fadf33c08a2c0dadf7b2"
+
+
+class FakePoolSandbox(FakeHFSandbox):
+    def __init__(self):
+        super().__init__()
+        self.host_id = HOST_JOB  # the real one is a property over its host
+        self.id = f"{HOST_JOB}.ab12cd34"
+
+    def foreground(self, cmd: str) -> str:
+        if "pwd -P" in cmd:  # the home lookup prints the home
+            return POOL_HOME + "\n"
+        return "/testbed\n" if "cp -a" in cmd else ""  # the copy prints the env's editable entries in the tree
+
+
+class FakePool(Strict):
+    real = REAL_POOL
+    made: list["FakePool"] = []
+
+    def __init__(self, *a, **kw):
+        self.args = checked(REAL_POOL, "__init__")(*a, **kw)
+        self.closed = False
+        FakePool.made.append(self)
+
+    def create(self, *a, **kw):
+        checked(REAL_POOL, "create")(*a, **kw)
+        return FakePoolSandbox()
+
+    def close(self, *a, **kw):
+        checked(REAL_POOL, "close")(*a, **kw)
+        self.closed = True
+
+
+@pytest.fixture
+def fake_pool(monkeypatch):
+    calls.clear()
+    FakePool.made.clear()
+    monkeypatch.setattr(huggingface_hub, "SandboxPool", FakePool)
+    monkeypatch.setattr(hf_pool, "_pools", {})
+    monkeypatch.setattr(remote, "POLL_S", 0.01)
+    monkeypatch.setenv("SWE_GYM_PUBLIC_URL", "https://space.example")
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy")  # preflight wants one; nothing is sent
+    for name in ("SANDBOXES_PER_HOST", "WARM_UP", "MAX_HOSTS", "IDLE_TIMEOUT_S"):
+        monkeypatch.delenv(f"SWE_GYM_HF_POOL_{name}", raising=False)
+    return FakePool
+
+
+async def test_hf_pool_backend_calls_exactly_the_real_sdk(fake_pool, monkeypatch):
+    spec = SandboxSpec(
+        image="xingyaoww/sweb.eval.x86_64.a_s_b-1", base_commit="abc1234", env={"A": "/testbed/x"},
+        secrets={"KEY": "sek"}, labels={"rollout": "r1"}, deadline_s=900,
+    )  # fmt: skip
+    sbx = await create_sandbox("hf-pool", spec)
+    other = await create_sandbox("hf-pool", spec)  # same image: same pool
+    assert sbx.agent_workdir == f"{POOL_HOME}/testbed"  # its own copy, what the agent's prompt names
+    r = await sbx.exec("cat /tmp/x > /testbed/y", timeout=30)
+    assert r.ok and r.stdout == "hello\n"
+    await sbx.write_file("/tmp/grading/eval.sh", b"cd /testbed && pytest\n", 0o700)
+    await sbx.write_file("/tmp/grading/model.patch", b"--- a/testbed/f\n")
+    assert (await sbx.read_file("/home/agent/out.txt")) == b""
+    with pytest.raises(SandboxError, match="outside the pool sandbox's home"):
+        await sbx.read_file("/etc/passwd")
+    await sbx.close()
+    await other.close()
+    assert len(FakePool.made) == 1
+    made = FakePool.made[0].args
+    assert made["image"] == spec.image and made["sandboxes_per_host"] == 8 and made["warm_up"] == 1
+    assert made["max_hosts"] is None and made["idle_timeout"] == 600
+    name = made["name"]
+    assert re.fullmatch(r"swegym-[A-Za-z0-9]{1,16}-[0-9a-f]{6}-\d+-[a-z0-9-]+-[0-9a-f]{8}", name) and len(name) <= 64
+    assert f"-{os.getpid()}-" in name
+    creates = [a for n, a in calls if n == "SandboxPool.create"]
+    assert len(creates) == 2 and all(a == {"idle_timeout": 900} for a in creates)  # no env, no secret in the call
+    writes = {a["path"]: a for n, a in calls if n == "SandboxFiles.write"}
+    assert next(iter(writes)) == "/.swe-gym-home"  # the home is found first, through the file API's root
+    assert writes["/tmp/.swe-gym/secrets.env"]["mode"] == "0600"  # paths relative to the home
+    assert writes["/tmp/grading/eval.sh"]["data"] == f"cd {POOL_HOME}/testbed && pytest\n".encode()  # a script: mapped
+    assert writes["/tmp/grading/model.patch"]["data"] == b"--- a/testbed/f\n"  # content: never mapped
+    runs = [a["cmd"] for n, a in calls if n == "Sandbox.run"]
+    copy = next(c for c in runs if "cp -a" in c)
+    assert f"cp -a /testbed/. {POOL_HOME}/testbed/" in copy
+    user = next(c for c in runs if "/testbed/y" in c)
+    assert f"cat {POOL_HOME}/tmp/x > {POOL_HOME}/testbed/y" in user and f"cd {POOL_HOME}/testbed" in user
+    assert f"HOME={POOL_HOME}/home/agent" in user and f"A={POOL_HOME}/testbed/x" in user
+    assert f"PYTHONPATH={POOL_HOME}/testbed\n" in user  # the image's editable install, pointed at the copy
+    assert f"{POOL_HOME}/tmp/.swe-gym/" in user and " /tmp/" not in user  # the detached protocol's files too
+    assert "sek" not in str(runs)
+    assert [n for n, _ in calls].count("Sandbox._kill") == 2
+    assert hf_pool.close_pools() == [spec.image] and FakePool.made[0].closed
+    assert hf_pool.close_pools() == []
+
+
+@pytest.mark.parametrize(
+    ("env", "err"),
+    [
+        ({"SANDBOXES_PER_HOST": "0"}, "SWE_GYM_HF_POOL_SANDBOXES_PER_HOST=0 is below 1"),
+        ({"WARM_UP": "two"}, "SWE_GYM_HF_POOL_WARM_UP='two' is not a whole number (>= 0)"),
+        ({"MAX_HOSTS": "2", "WARM_UP": "3"}, "SWE_GYM_HF_POOL_WARM_UP=3 is over SWE_GYM_HF_POOL_MAX_HOSTS=2"),
+        ({"IDLE_TIMEOUT_S": "5"}, "SWE_GYM_HF_POOL_IDLE_TIMEOUT_S=5 is below 60"),
+    ],
+)
+async def test_hf_pool_settings_are_checked(fake_pool, monkeypatch, env, err):
+    for k, v in env.items():
+        monkeypatch.setenv(f"SWE_GYM_HF_POOL_{k}", v)
+    assert hf_pool.preflight() == (False, err)
+    with pytest.raises(SandboxError, match=re.escape(err)):
+        await create_sandbox("hf-pool", SandboxSpec(image="img/x:1"))
+    assert not FakePool.made
+
+
+async def test_hf_pool_settings_reach_the_pool(fake_pool, monkeypatch):
+    for k, v in {"SANDBOXES_PER_HOST": "2", "WARM_UP": "3", "MAX_HOSTS": "4", "IDLE_TIMEOUT_S": "120"}.items():
+        monkeypatch.setenv(f"SWE_GYM_HF_POOL_{k}", v)
+    sbx = await create_sandbox("hf-pool", SandboxSpec(image="img/x:1"))
+    await sbx.close()
+    args = FakePool.made[0].args
+    assert (args["sandboxes_per_host"], args["warm_up"], args["max_hosts"], args["idle_timeout"]) == (2, 3, 4, 120)
+
+
+async def test_hf_pool_waits_for_a_slot_being_freed_rather_than_booting_a_host(monkeypatch):
+    """The pipeline grades in a new sandbox while the agent's is still being removed: with every host full and
+    removals in flight, one freed slot lets exactly one create through (no thundering herd onto a new host)."""
+    from types import SimpleNamespace
+
+    pool = SimpleNamespace(num_sandboxes=4, num_hosts=2, sandboxes_per_host=2)
+    monkeypatch.setattr(hf_pool, "_closing", {"img": 2})
+    monkeypatch.setattr(hf_pool, "_admitted", {})
+    through: list[int] = []
+
+    async def create(i: int) -> None:
+        async with hf_pool._slot("img", pool):
+            through.append(i)
+            await asyncio.sleep(0.3)  # the pool placing it
+
+    waiters = [asyncio.ensure_future(create(i)) for i in range(2)]
+    await asyncio.sleep(0.2)
+    assert through == []  # full, removals in flight: both wait
+    pool.num_sandboxes = 3  # one removal done
+    await asyncio.sleep(0.15)
+    assert len(through) == 1  # one slot, one create
+    hf_pool._closing["img"] = 0  # nothing more being removed: the other goes on (the pool may boot a host)
+    await asyncio.gather(*waiters)
+    assert sorted(through) == [0, 1] and hf_pool._admitted["img"] == 0
+
+
+class FakeApi(Strict):
+    real = REAL_API
+    jobs: list = []
+
+    def __init__(self, *a, **kw):
+        checked(REAL_API, "__init__")(*a, **kw)
+
+    def list_jobs(self, *a, **kw):
+        checked(REAL_API, "list_jobs")(*a, **kw)
+        return list(FakeApi.jobs)
+
+    def cancel_job(self, *a, **kw):
+        checked(REAL_API, "cancel_job")(*a, **kw)
+
+
+def test_hf_pool_reaps_the_hosts_of_dead_servers_by_pool_name(monkeypatch):
+    from types import SimpleNamespace
+
+    calls.clear()
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy")
+    ours = hf_pool.pool_name("img/x:1")
+    dead = ours.replace(f"-{os.getpid()}-", "-4199999-")  # over pid_max: no such process
+    other = "swegym-someoneelse0000-abcdef-4199999-x-00000000"
+    FakeApi.jobs = [
+        SimpleNamespace(id=f"job{i}", labels={"hf-sandbox-mode": "pool", "hf-sandbox-pool": n})
+        for i, n in enumerate([ours, dead, other])
+    ]
+    assert hf_pool.reap_orphans() == ["hf-pool:job1"]
+    assert [a for n, a in calls if n == "HfApi.cancel_job"] == [{"job_id": "job1"}]
+    listed = next(a for n, a in calls if n == "HfApi.list_jobs")
+    assert listed["labels"] == {"hf-sandbox-mode": "pool"} and "RUNNING" in listed["status"]
 
 
 # -- E2B -----------------------------------------------------------------------------------------------------------
@@ -358,7 +545,7 @@ async def host_sandbox(backend: str, **kw):
     from swe_gym_env.tasks.catalog import bundled_tasks
 
     pf = preflight(backend)
-    require(pf["available"], f"{backend} backend unavailable here: {pf.get('reason')}")
+    require(pf["usable"], f"{backend} backend unavailable here: {pf['reason']}")
     t = bundled_tasks()[0]
     return await create_sandbox(backend, SandboxSpec(repo_source=t.repo_source or "", base_commit=t.base_commit, **kw))
 
