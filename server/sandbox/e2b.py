@@ -106,14 +106,14 @@ class E2BSandbox(SandboxBase):
             raise SandboxError(f"creating the E2B sandbox failed: {type(e).__name__}: {e}") from e
         self = cls(spec, sbx)
         try:
+            if spec.secrets:  # first: every command sources it (the file API makes its directory)
+                await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
             steps = [f"mkdir -p {STATE_DIR} /home/agent"]
             if spec.base_commit and spec.strip_history:
                 steps.append(strip_history_script(spec.workdir, spec.base_commit))
             res = await self.exec("set -e\n" + "\n".join(steps), timeout=600, cwd="/")
             if not res.ok:
                 raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
-            if spec.secrets:
-                await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
             await self.deliver_bundles()
         except BaseException:
             await self.close()

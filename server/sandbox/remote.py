@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from swe_gym_env.server.sandbox.base import ExecResult, clip
 
 STATE_DIR = "/tmp/.swe-gym"
-POLL_S = 1.0
+POLL_S = 1.0  # the longest wait between polls; the first comes after FIRST_POLL_S, doubling up to it
+FIRST_POLL_S = 0.05
 
 
 def detached(script: str, left: float, with_stdin: bool) -> tuple[str, str]:
@@ -67,12 +68,14 @@ class RemoteProcess:
 
     async def wait(self, timeout: float | None = None) -> ExecResult:
         end = time.monotonic() + (timeout if timeout is not None else 1e9)
+        pause = FIRST_POLL_S  # most commands are short: look again soon, then less and less often
         while await self.poll() is None:
             if time.monotonic() >= end:
                 await self.kill()
                 out = await self._output("out")
                 return ExecResult(124, out, f"timed out after {timeout:.0f}s", timed_out=True)
-            await asyncio.sleep(min(POLL_S, max(0.05, end - time.monotonic())))
+            await asyncio.sleep(min(pause, max(0.05, end - time.monotonic())))
+            pause = min(POLL_S, pause * 2)
         return ExecResult(self.returncode or 0, await self._output("out"), await self._output("err"))
 
     async def kill(self) -> None:
