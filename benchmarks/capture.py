@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -272,17 +273,34 @@ async def _flat(direct: str, sides: Sequence[Side], calls: int) -> dict:
     return out
 
 
-def _start_ours(exits: ExitStack, tmp: str, engine: str, admin: str, upstream: str) -> str:
+def cpu_layout() -> tuple[set[int], set[int]] | None:
+    """(cores for the stub engine and this load generator, cores for the proxy under test), or None on one core.
+    Pinned as in the issue's measurement: direct calls are bound by the stub's core, proxied ones by the proxy's, so
+    the machine's other work cannot decide which side wins."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
+
+
+def _pin(pid: int, cpus: set[int] | None) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads it makes later inherit it)."""
+    if cpus:
+        cores = ",".join(map(str, sorted(cpus)))
+        subprocess.run(["taskset", "-a", "-cp", cores, str(pid)], check=True, capture_output=True, timeout=30)
+
+
+def _start_ours(exits: ExitStack, tmp: str, engine: str, admin: str, upstream: str, cpus: set[int] | None) -> str:
     env = {
         "SWE_GYM_ADMIN_KEY": admin,
         "SWE_GYM_DATA_DIR": os.path.join(tmp, f"data-{upstream}"),
         "SWE_GYM_UPSTREAM": upstream,
         "SWE_GYM_UI": "0",
     }
-    return stack.server(exits, engine, env)[0]
+    url, proc, _ = stack.server(exits, engine, env)
+    _pin(proc.pid, cpus)
+    return url
 
 
-def _start_openenv(exits: ExitStack, engine: str, admin: str) -> str:
+def _start_openenv(exits: ExitStack, engine: str, admin: str, cpus: set[int] | None) -> str:
     python = procs.side_python(".openenv-venv")
     if python is None:
         raise RuntimeError("--peers openenv needs the checkout's .openenv-venv (OpenEnv 0.10; the test setup makes it)")
@@ -290,21 +308,24 @@ def _start_openenv(exits: ExitStack, engine: str, admin: str) -> str:
     mod = "openenv.core.harness.capture.server"
     argv = [str(python), "-m", mod, "--llm-url", engine, "--model", "stub", "--capture-level", "tokens"]
     # the admin key through the environment, never argv; its own defaults otherwise (INFO logs, to /dev/null)
-    stack.start(
+    proc, _ = stack.start(
         exits, [*argv, "--port", str(port)], f"http://127.0.0.1:{port}/health", {"OPENENV_CAPTURE_ADMIN_KEY": admin}
     )
+    _pin(proc.pid, cpus)
     return f"http://127.0.0.1:{port}"
 
 
-def _sides(exits: ExitStack, tmp: str, engine: str, admin: str, clients, dialects, peers) -> list[Side]:
+def _sides(exits: ExitStack, tmp: str, engine: str, admin: str, clients, dialects, peers, cpus) -> list[Side]:
     sides = []
     for client in clients:
-        base = _start_ours(exits, tmp, engine, admin, client)
+        base = _start_ours(exits, tmp, engine, admin, client, cpus)
         for d in dialects:
             name = "ours" + (f"-{client}" if len(clients) > 1 else "") + (f"-{d}" if d != "chat" else "")
             sides.append(Side(name, "ours", base, _dialect_request(d, 1, False)[0], d, admin, engine))
     for peer in peers:
-        sides.append(Side(peer, peer, _start_openenv(exits, engine, admin), "/v1/chat/completions", "chat", admin))
+        sides.append(
+            Side(peer, peer, _start_openenv(exits, engine, admin, cpus), "/v1/chat/completions", "chat", admin)
+        )
     return sides
 
 
@@ -335,7 +356,12 @@ def run(
     sizes, concs = ((1000,), (1, 64)) if quick else (SIZES, CONCURRENCY)
     flat_n = flat_calls if flat_calls is not None else (100 if quick else FLAT_CALLS)
     results = []
+    layout = cpu_layout()
+    before = os.sched_getaffinity(0)
     with ExitStack() as exits, tempfile.TemporaryDirectory() as tmp:
+        if layout is not None:  # this load generator and the stub (it inherits it) on the first core
+            os.sched_setaffinity(0, layout[0])
+            exits.callback(os.sched_setaffinity, 0, before)
         eport = procs.free_port()
         engine_root = f"http://127.0.0.1:{eport}"
         stack.start(
@@ -343,7 +369,7 @@ def run(
         )
         engine = engine_root + "/v1"
         direct = f"{engine}/chat/completions"
-        sides = _sides(exits, tmp, engine, admin, clients, dialects, peers)
+        sides = _sides(exits, tmp, engine, admin, clients, dialects, peers, layout[1] if layout else None)
         ours = sides[0].name
         for size in sizes:
             for stream in (False, True):
@@ -369,7 +395,9 @@ def run(
         "note": "paired A/B: each proxied call minus the same agent's call at the same position in the direct phase "
         "just before it; kept = proxied ÷ direct calls/s over the paired phases; sessions of "
         f"{SESSION_CALLS} calls, minted before and retired after each phase; all processes share this machine's "
-        "cores (load_avg_1m per cell)",
+        "cores (load_avg_1m per cell); cpu_layout: the stub engine and the load generator on one core, every proxy "
+        "on the others",
+        "cpu_layout": {"stub_and_load": sorted(layout[0]), "proxies": sorted(layout[1])} if layout else None,
         "sides": {s.name: {"kind": s.kind, "path": s.path} for s in sides},
         "results": results,
         "flat": flat,
