@@ -55,8 +55,11 @@ HOST = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostna
 def owner_dead(labels: dict[str, str]) -> bool:
     """Whether the server process that labelled a sandbox (`host`, `pid`) is gone. Sandboxes of servers on other
     hosts are theirs to reap; several servers may share one server id (one cache dir) on a host, so a different
-    incarnation alone does not make an orphan."""
+    incarnation alone does not make an orphan — unless the pid is this process's own (`incarnation` may be a prefix
+    of the labeller's INCARNATION)."""
     if labels.get("host") != HOST:
         return False
     pid = labels.get("pid", "")
+    if pid == str(os.getpid()) and (inc := labels.get("incarnation")) and not INCARNATION.startswith(inc):
+        return True  # our own pid, another process: a restarted container's server gets the dead one's pid (1, 7…)
     return not pid.isdigit() or not Path(f"/proc/{pid}").exists()

@@ -368,12 +368,14 @@ def test_hf_pool_reaps_the_hosts_of_dead_servers_by_pool_name(monkeypatch):
     ours = hf_pool.pool_name("img/x:1")
     dead = ours.replace(f"-{os.getpid()}-", "-4199999-")  # over pid_max: no such process
     other = "swegym-someoneelse0000-abcdef-4199999-x-00000000"
+    # a restarted container: the server before it had this very pid (1 in a container), another incarnation
+    before_restart = ours.replace(f"-{hf_pool.INCARNATION[:6]}-", "-000000-")
     FakeApi.jobs = [
         SimpleNamespace(id=f"job{i}", labels={"hf-sandbox-mode": "pool", "hf-sandbox-pool": n})
-        for i, n in enumerate([ours, dead, other])
+        for i, n in enumerate([ours, dead, other, before_restart])
     ]
-    assert hf_pool.reap_orphans() == ["hf-pool:job1"]
-    assert [a for n, a in calls if n == "HfApi.cancel_job"] == [{"job_id": "job1"}]
+    assert hf_pool.reap_orphans() == ["hf-pool:job1", "hf-pool:job3"]
+    assert [a for n, a in calls if n == "HfApi.cancel_job"] == [{"job_id": "job1"}, {"job_id": "job3"}]
     listed = next(a for n, a in calls if n == "HfApi.list_jobs")
     assert listed["labels"] == {"hf-sandbox-mode": "pool"} and "RUNNING" in listed["status"]
 

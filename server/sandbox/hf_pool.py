@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.hf import HFSandbox, in_thread
 from swe_gym_env.server.sandbox.hf import preflight as hf_preflight
-from swe_gym_env.server.tempdirs import HOST, owner_dead, server_id
+from swe_gym_env.server.tempdirs import HOST, INCARNATION, owner_dead, server_id
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,9 @@ def _owner_prefix() -> str:
 
 def pool_name(image: str) -> str:
     """This process's pool for `image`: at most 64 characters of [a-z0-9-], parseable back to its owner."""
-    slug = re.sub(r"[^a-z0-9]+", "-", image.lower().rsplit("/", 1)[-1]).strip("-")[:16].strip("-") or "image"
-    return f"{_owner_prefix()}{os.getpid()}-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
+    slug = re.sub(r"[^a-z0-9]+", "-", image.lower().rsplit("/", 1)[-1]).strip("-")[:8].strip("-") or "image"
+    owner = f"{os.getpid()}-{INCARNATION[:6]}"  # the pid alone repeats in a restarted container (1, 7…)
+    return f"{_owner_prefix()}{owner}-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
 
 
 # -- the registry: one pool per image, per process ---------------------------------------------------------------
@@ -157,7 +158,9 @@ def reap_orphans() -> list[str]:
     api, prefix, killed = HfApi(), _owner_prefix(), []
     for job in api.list_jobs(status=["RUNNING", "SCHEDULING"], labels={MODE_LABEL: MODE_POOL}):
         name = (job.labels or {}).get(POOL_LABEL, "")
-        if name.startswith(prefix) and owner_dead({"host": HOST, "pid": name[len(prefix) :].split("-", 1)[0]}):
+        pid, _, rest = name[len(prefix) :].partition("-")
+        owner = {"host": HOST, "pid": pid, "incarnation": rest.partition("-")[0]}
+        if name.startswith(prefix) and owner_dead(owner):
             api.cancel_job(job_id=job.id)
             killed.append(f"hf-pool:{job.id}")
     return killed
