@@ -115,8 +115,10 @@ def run(as_json: bool, quick: bool = False) -> int:
 
     rows_out = []
     with ExitStack() as stack:
-        eng = engine(stack, "oracle")
-        base, proc, _ = server(stack, eng, {"SWE_GYM_MAX_ROLLOUTS": "8", "SWE_GYM_UI": "0"})
+        context = str(max(8192, *(cls.min_context_tokens for cls in HARNESSES.values())))  # room for every harness
+        eng = engine(stack, "oracle", ["--max-model-len", context])
+        env = {"SWE_GYM_MAX_ROLLOUTS": "8", "SWE_GYM_UI": "0", "SWE_GYM_CONTEXT_WINDOW": context}
+        base, proc, _ = server(stack, eng, env)
         rows_out.append(_run_level(base, proc.pid, "warm-up: each task once", "pi", TASKS, 1))
         alone = _run_level(base, proc.pid, "1 alone", "pi", 1, TASKS if quick else 2 * TASKS)
         eight = _run_level(base, proc.pid, "8 at once", "pi", 8, 1 if quick else 3)
