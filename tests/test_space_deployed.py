@@ -28,6 +28,7 @@ from conftest import CHROMIUM, CHROMIUM_ARGS, require
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
+from swe_gym_env import procs
 from swe_gym_env.procs import free_port
 from swe_gym_env.wire import RolloutResult
 
@@ -59,15 +60,10 @@ class Space:
         return r.stdout[-6000:] + r.stderr[-6000:]
 
     def wait_healthy(self, timeout: float = 180) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                if httpx.get(f"{self.base}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"the Space never answered /health:\n{self.logs()}")
+        try:
+            procs.wait_healthy(f"{self.base}/health", timeout=timeout, interval=0.5, name="the Space")
+        except procs.NotReady as e:
+            raise AssertionError(f"{e}:\n{self.logs()}") from e
 
 
 def _faulty_rows(src: Path, dst: Path) -> None:
