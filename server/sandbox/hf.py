@@ -38,6 +38,7 @@ from swe_gym_env.server.sandbox.base import (
     SandboxUnavailable,
     strip_history_script,
 )
+from swe_gym_env.server.sandbox.errors import SandboxGone
 from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached
 from swe_gym_env.server.tempdirs import owner_dead, server_id
 
@@ -174,7 +175,7 @@ class HFSandbox(SandboxBase):
         """`fn(*args, **kwargs)` on the SDK's threads; what it raises becomes a `SandboxError` that says what failed
         and, when the job is no longer running or its server stopped answering, which job and its stage."""
         if self._gone:
-            raise SandboxError(self._gone)
+            raise SandboxGone(self._gone)
         try:
             return await in_thread(fn, *args, limit=limit, **kwargs)
         except TimeoutError:
@@ -184,8 +185,11 @@ class HFSandbox(SandboxBase):
             if vanished and await self._alive():
                 raise SandboxError(f"{what}: no such file or directory in the sandbox") from e
             err, no_answer = f"{type(e).__name__}: {str(e)[:300]}", "Timeout" in type(e).__name__
-            raise SandboxError(await self._failure(what, err, no_answer, vanished)) from e
-        raise SandboxError(await self._failure(what, err, no_answer, False))
+            raise self._error(await self._failure(what, err, no_answer, vanished)) from e
+        raise self._error(await self._failure(what, err, no_answer, False))
+
+    def _error(self, message: str) -> SandboxError:
+        return SandboxGone(message) if message == self._gone else SandboxError(message)
 
     async def _alive(self) -> bool:
         """Whether the sandbox itself still answers (a 404 then means the path, not the sandbox, is missing)."""

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from swe_gym_env.server.sandbox.base import ExecResult, clip
+from swe_gym_env.server.sandbox.errors import SandboxGone
 
 STATE_DIR = "/tmp/.swe-gym"
 POLL_S = 1.0  # the longest wait between polls; the first comes after FIRST_POLL_S, doubling up to it
@@ -56,6 +57,8 @@ class RemoteProcess:
         if self.returncode is None and await self._finished():
             try:
                 self.returncode = int((await self._read(f"{STATE_DIR}/{self.pid_id}.rc")).strip() or b"137")
+            except SandboxGone:  # the sandbox died, not the command: there is no exit code to report
+                raise
             except Exception:  # killed before it could write its exit code
                 self.returncode = 137
         return self.returncode
