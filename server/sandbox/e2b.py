@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from swe_gym_env.server.sandbox.base import (
     SandboxUnavailable,
     strip_history_script,
 )
-from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached
+from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
 from swe_gym_env.server.tempdirs import owner_dead, server_id
 
 
@@ -98,7 +97,7 @@ class E2BSandbox(SandboxBase):
         try:
             sbx = await e2b.AsyncSandbox.create(
                 template=template_for(spec.image),
-                timeout=max(60, math.ceil(spec.deadline_s)),
+                timeout=own_timeout_s(spec.deadline_s),
                 metadata={f"{LABEL_PREFIX}-{k}": v for k, v in spec.labels.items()},
                 envs=dict(spec.env),
             )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +38,7 @@ from swe_gym_env.server.sandbox.base import (
     strip_history_script,
 )
 from swe_gym_env.server.sandbox.errors import SandboxGone
-from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached
+from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
 from swe_gym_env.server.tempdirs import owner_dead, server_id
 
 SHORT_TIMEOUT = 60
@@ -153,7 +152,7 @@ class HFSandbox(SandboxBase):
             sbx = await in_thread(
                 Sandbox.create,
                 spec.image,
-                idle_timeout=max(60, math.ceil(spec.deadline_s)),
+                idle_timeout=own_timeout_s(spec.deadline_s),
                 env=dict(spec.env),
                 labels=_labels(spec.labels),
                 limit=300.0,

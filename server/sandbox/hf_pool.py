@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import re
 import shlex
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.hf import HFSandbox, in_thread
 from swe_gym_env.server.sandbox.hf import preflight as hf_preflight
+from swe_gym_env.server.sandbox.remote import own_timeout_s
 from swe_gym_env.server.tempdirs import HOST, INCARNATION, owner_dead, server_id
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ class HFPoolSandbox(HFSandbox):
         try:
             pool = await in_thread(pool_for, spec.image, limit=900.0)
             async with _slot(spec.image, pool):
-                sbx = await in_thread(pool.create, idle_timeout=max(60, math.ceil(spec.deadline_s)), limit=600.0)
+                sbx = await in_thread(pool.create, idle_timeout=own_timeout_s(spec.deadline_s), limit=600.0)
         except TimeoutError as e:
             raise SandboxError(f"no HF pool sandbox for {spec.image} within the time limit") from e
         except SandboxError:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from swe_gym_env.server.assets import cache_dir
 from swe_gym_env.server.sandbox.errors import SandboxError
+from swe_gym_env.server.tempdirs import HOST, owner_dead
 
 SCHEMA = 1  # bump when the way a pristine tree is prepared changes
 READY = ".swe-gym-pristine"  # marker in <key>/, next to testbed/
@@ -81,7 +82,7 @@ def _evict(keep: str) -> None:
     base = root()
     for stage in base.glob(".stage-*"):
         pid = stage.name.split("-")[1] if stage.name.count("-") >= 2 else ""  # .stage-<pid>-<random>
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if pid.isdigit() and owner_dead({"host": HOST, "pid": pid}):
             shutil.rmtree(stage, ignore_errors=True)
     trees = [p for p in base.iterdir() if p.is_dir() and (p / READY).is_file() and p.name != keep]
     trees.sort(key=lambda p: (p / READY).stat().st_mtime)  # touched at every copy: least recently used first

@@ -21,6 +21,12 @@ POLL_S = 1.0  # the longest wait between polls; the first comes after FIRST_POLL
 FIRST_POLL_S = 0.05
 
 
+def own_timeout_s(deadline_s: float) -> int:
+    """A cloud sandbox's own limit (HF idle timeout, E2B lifetime): the rollout's deadline, at least a minute, so a
+    sandbox whose server is gone shuts itself down within one deadline."""
+    return max(60, math.ceil(deadline_s))
+
+
 def detached(script: str, left: float, with_stdin: bool) -> tuple[str, str]:
     """(process id, shell command that runs `script` detached with its output in files)."""
     pid_id = uuid.uuid4().hex[:12]
