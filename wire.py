@@ -174,6 +174,14 @@ class TestReport(BaseModel):
         "pytest, but the parser rewrites test ids (no per-test comparison).",
     )
     environment: str = Field("", description="Where the tests ran: the image's env, a local task venv, or the host's.")
+    integrity: str = Field(
+        "clean",
+        max_length=2000,
+        description="What the grader saw the code under test do to the test run: `clean`; `tampered: <what>` "
+        "(reporting rewritten, a forged log or JUnit report, a replaced reporter, a foreign hook: reward 0.0); "
+        "`patch_broke_run: <how>` (the run timed out, died or left no results where the empty patch's did not: "
+        "reward 0.0). See the grading module's threat model.",
+    )
 
 
 class RolloutResult(BaseModel):

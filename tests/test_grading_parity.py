@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from swe_gym_env.server.grading import GradingError, load_swebench, make_test_spec, parse_junit, score_log
+from swe_gym_env.server.grading import load_swebench, make_test_spec, parse_junit, score_log
 from swe_gym_env.tasks.models import Task
 
 LOGS = Path(__file__).parent / "fixtures" / "pytest_logs"
@@ -95,7 +95,9 @@ def test_expected_verdicts_on_the_real_log(swebench):
     assert "XFAIL" in score_log(task(["test_xfail"], []), log, swebench, junit).findings[0]
 
 
-def test_forged_passed_line_is_an_infra_failure_not_a_pass(swebench):
+def test_forged_passed_line_is_tampering_scored_zero_not_a_pass(swebench):
+    """A log that passes a test its JUnit report fails: the code under test forged it. Reward 0.0 with a
+    `grading_tampered` finding (it was an infra error, reward None, before: a way out of the 0.0)."""
     t = Task(
         instance_id="forged__case-1",
         repo="forged/case",
@@ -107,5 +109,6 @@ def test_forged_passed_line_is_an_infra_failure_not_a_pass(swebench):
     )
     log = (LOGS / "forged.log").read_text()
     assert "PASSED tests/test_suite.py::test_fixed_behaviour" in log  # printed by the code under test
-    with pytest.raises(GradingError, match="forged"):
-        score_log(t, log, swebench, parse_junit((LOGS / "forged.junit.xml").read_bytes()))
+    g = score_log(t, log, swebench, parse_junit((LOGS / "forged.junit.xml").read_bytes()))
+    assert g.reward == 0.0 and g.report.integrity.startswith("tampered: the log reports 1 test(s) passing")
+    assert [f.code for f in g.findings if not isinstance(f, str)] == ["grading_tampered"]

@@ -257,7 +257,8 @@ def build(dest: Path, names: list[str], log=print) -> list[dict]:
     errors: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         built = []
-        for name in names:
+        for i, name in enumerate(names):
+            log(f"pypi split: {100 * i // max(1, len(names)):3d}% {name}")
             try:
                 built.append(build_task(name, Path(tmp), log))
             except (DataError, OSError, KeyError, tarfile.TarError) as e:
@@ -282,6 +283,26 @@ def build(dest: Path, names: list[str], log=print) -> list[dict]:
     return rows
 
 
+def ensure_split(log=print) -> Path:
+    """The split's tasks.jsonl, built once when missing (for a rollout naming the split on a server whose setup did
+    not build it; `swe-gym-env setup --all` does): servers sharing the cache wait on a file lock, the second finds it
+    built. Raises DataError."""
+    import fcntl
+
+    dest = out_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / ".pypi-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (dest / "tasks.jsonl").is_file():
+                log("the pypi split is not built on this server: building it now, on first use (sdists from PyPI)")
+                build(dest, task_names(), log)
+                log("pypi split: 100% built")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return dest / "tasks.jsonl"
+
+
 # -- authoring: measure FAIL_TO_PASS / PASS_TO_PASS ----------------------------------------------------------------
 
 
@@ -289,10 +310,16 @@ async def measure(task, log=print) -> tuple[list[str], list[str], list[str]]:
     """(FAIL_TO_PASS, PASS_TO_PASS, disagreements) from running the test files in the local sandbox, in the task's
     own environment, with the test patch alone and with the fix: swebench's parser and the JUnit report must agree
     on every test kept."""
-    import secrets
-
-    from swe_gym_env.server.grading import eval_script, load_swebench, make_test_spec, parse_junit
+    from swe_gym_env.server.grading import (
+        GUARD_MODULE,
+        Guarded,
+        eval_script,
+        load_swebench,
+        make_test_spec,
+        parse_junit,
+    )
     from swe_gym_env.server.grading import junit_key as key_of
+    from swe_gym_env.server.grading.integrity import guard_plugin_source
     from swe_gym_env.server.sandbox.base import SandboxSpec
     from swe_gym_env.server.sandbox.registry import create_sandbox
     from swe_gym_env.tasks.envs import ensure_env
@@ -304,15 +331,17 @@ async def measure(task, log=print) -> tuple[list[str], list[str], list[str]]:
     for patch in ("", task.patch):
         spec = SandboxSpec(repo_source=task.repo_source, base_commit=task.base_commit, workdir=task.workdir)
         sbx = await create_sandbox("local", spec)
-        junit_path = f"/tmp/.measure-{secrets.token_hex(6)}/junit.xml"
+        guard = Guarded.new(junit=True)
         try:
             await ensure_env(sbx, probe)
             await sbx.write_file("/tmp/grading/model.patch", patch.encode())
             await sbx.write_file("/tmp/grading/test.patch", task.test_patch.encode())
-            await sbx.write_file("/tmp/grading/eval.sh", eval_script(probe, bool(patch), junit_path).encode(), 0o700)
+            await sbx.write_file(f"{guard.dir}/{GUARD_MODULE}.py", guard_plugin_source())
+            await sbx.write_file(f"{guard.dir}/key", guard.key, 0o600)
+            await sbx.write_file("/tmp/grading/eval.sh", eval_script(probe, bool(patch), guard).encode(), 0o700)
             res = await sbx.exec("bash /tmp/grading/eval.sh", timeout=900)
             try:
-                junit = parse_junit(await sbx.read_file(junit_path))
+                junit = parse_junit(await sbx.read_file(guard.junit_path))
             except OSError as e:
                 tail = (res.stdout + res.stderr)[-1500:]
                 raise DataError(f"{task.instance_id}: no JUnit report ({e}): {tail}") from e

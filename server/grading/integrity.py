@@ -1,0 +1,272 @@
+"""What the grader trusts of a test run: protected paths, pinned pytest configuration, and the guard's record.
+
+Pure functions over text and bytes (no sandbox): `grading/__init__.py` puts them together. See its docstring for
+the threat model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import PurePosixPath
+
+# Files that change how pytest or Python start: a model patch never adds, changes, deletes or renames onto them.
+STARTUP_NAMES = frozenset(
+    {
+        "conftest.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "sitecustomize.py",
+        "usercustomize.py",
+    }
+)
+# Files whose pytest settings are pinned to base_commit (the rest of the file is the patch's to change).
+PINNED_CONFIGS = frozenset({"setup.cfg", "pyproject.toml", "tox.ini"})
+RECORD_LIMIT = 16 * 1024 * 1024
+PASSING = {"PASSED", "XFAIL"}
+
+
+def guard_plugin_source() -> bytes:
+    return resources.files(__package__).joinpath("guard_plugin.py").read_bytes()
+
+
+def section_paths(section: str) -> list[str]:
+    """Every path one file section of a git diff names: old and new names of a rename or copy included."""
+    paths: list[str] = []
+    first = section.split("\n", 1)[0]
+    if first.startswith("diff --git a/"):
+        old, _, new = first[len("diff --git a/") :].partition(" b/")
+        paths += [old, new]
+    for line in section.splitlines():
+        for prefix in ("--- a/", "+++ b/", "rename from ", "rename to ", "copy from ", "copy to "):
+            if line.startswith(prefix):
+                paths.append(line[len(prefix) :].rstrip("\t"))
+        if line.startswith("@@"):
+            break
+    return list(dict.fromkeys(p for p in paths if p))
+
+
+def is_symlink_section(section: str) -> bool:
+    head = section.split("\n@@", 1)[0]
+    return bool(re.search(r"(?m)^(new file mode|new mode|old mode|deleted file mode|index \S+) ?120000\b", head))
+
+
+def protected_reason(path: str, verdict_files: set[str]) -> str | None:
+    """Why a model patch may not touch ``path`` (None: it may)."""
+    p = PurePosixPath(path)
+    if path in verdict_files:
+        return "a test file of the verdict"
+    if p.name in STARTUP_NAMES:
+        return "pytest/Python startup file"
+    if p.suffix in (".pth", ".pyc") or "__pycache__" in p.parts:
+        return "Python startup/bytecode file"
+    if any(part.endswith((".egg-info", ".dist-info", ".egg-link")) for part in p.parts):
+        return "installed-package metadata (entry points)"
+    return None
+
+
+def verdict_files(test_files: list[str], test_ids: list[str]) -> list[str]:
+    """Files that decide the verdict: the test patch's files and every file a FAIL_TO_PASS / PASS_TO_PASS pytest id
+    names (``path.py::...``); reset to base_commit before the test patch goes on."""
+    files = list(test_files)
+    for t in test_ids:
+        path = t.split("::", 1)[0]
+        if "::" in t and path.endswith(".py") and not path.startswith("/") and ".." not in PurePosixPath(path).parts:
+            files.append(path)
+    return list(dict.fromkeys(files))
+
+
+# -- pinning pytest's settings in setup.cfg / pyproject.toml / tox.ini ------------------------------------------
+# Run in the grading sandbox by the task's own Python with -I -S (no site, no .pth, no sitecustomize: nothing of the
+# tree runs), any Python 3. argv: the file, its base_commit copy ('' when it did not exist). Exit 1: the patch
+# changed what pytest reads of it.
+PIN_SCRIPT = r"""
+import re, sys
+HEAD = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*$")
+def pytest_part(path):
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()
+    except (IOError, OSError):
+        return []
+    out, inside = [], False
+    for line in text.splitlines():
+        m = HEAD.match(line)
+        if m:
+            name = m.group(1).strip().strip('"').lower()
+            inside = name in ("pytest", "tool:pytest") or name == "tool.pytest" or name.startswith("tool.pytest.")
+            if inside:
+                out.append("[" + name + "]")
+            continue
+        s = line.strip()
+        if not s or s[0] in "#;":
+            continue
+        if inside or "pytest" in s.lower() or "addopts" in s.lower():
+            out.append(s)
+    return out
+sys.exit(1 if pytest_part(sys.argv[1]) != pytest_part(sys.argv[2]) else 0)
+"""
+
+
+# -- the guard's record ------------------------------------------------------------------------------------------
+@dataclass
+class Record:
+    """The guard's verified lines. ``problems``: tampering for certain; the rest is evidence to compare."""
+
+    started: bool = False
+    ended: bool = False
+    problems: list[str] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+    logs: list[dict] = field(default_factory=list)
+    hooks: list[list] = field(default_factory=list)
+    pytest_version: str = ""
+    junit_sha256: str = ""  # the JUnit report as pytest left it ('' when none was written)
+
+
+def read_record(data: bytes, key: bytes) -> Record:
+    """Verify the HMAC chain of every keyed process; lines without a MAC (unkeyed processes) are ignored."""
+    rec = Record()
+    chains: dict[int, str] = {}
+    seqs: dict[int, int] = {}
+    keyed_started: set[int] = set()
+    ended: set[int] = set()
+    for n, raw in enumerate(data.splitlines()):
+        try:
+            outer = json.loads(raw)
+            payload, mac = outer["p"], outer["mac"]
+            body = json.loads(payload)
+            pid = int(body["pid"])
+        except (ValueError, KeyError, TypeError):
+            rec.problems.append(f"the outcome record has a line that is not the guard's (line {n + 1})")
+            continue
+        if not mac:
+            continue  # an unkeyed process (xdist worker, a second pytest of the same run): nothing to trust
+        want = hmac.new(key, (chains.get(pid, "") + payload).encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want, str(mac)):
+            rec.problems.append(f"the outcome record was altered (bad MAC at line {n + 1})")
+            continue
+        if body.get("seq") != seqs.get(pid, 0):
+            rec.problems.append(f"the outcome record lost or reordered lines (pid {pid})")
+        seqs[pid] = int(body.get("seq", 0)) + 1
+        chains[pid] = mac
+        kind = body.get("k")
+        if kind == "start":
+            keyed_started.add(pid)
+            rec.pytest_version = str(body.get("pytest", ""))
+        elif kind == "call":
+            rec.calls.append(body)
+        elif kind == "log":
+            rec.logs.append(body)
+        elif kind == "audit":
+            rec.problems += [str(p) for p in body.get("problems", [])]
+            rec.hooks += [h for h in body.get("hooks", []) if isinstance(h, list) and len(h) == 3]
+        elif kind == "end":
+            ended.add(pid)
+            rec.junit_sha256 = rec.junit_sha256 or str(body.get("junit") or "")
+    rec.started = bool(keyed_started)
+    rec.ended = rec.started and keyed_started <= ended
+    return rec
+
+
+def guard_statuses(rec: Record) -> tuple[dict[str, str], set[str]]:
+    """Per node id, the outcome the reporters were given (FAILED if any phase or subtest failed), and the ids with a
+    failed subtest."""
+    status: dict[str, str] = {}
+    subfailed: set[str] = set()
+    for line in rec.logs:
+        tid, when, out = str(line.get("id")), line.get("when"), line.get("out")
+        if out == "failed":
+            status[tid] = "FAILED" if when == "call" or line.get("sub") else "ERROR"
+            if line.get("sub"):
+                subfailed.add(tid)
+        elif status.get(tid) in ("FAILED", "ERROR"):
+            continue
+        elif when == "call":
+            if out == "skipped":
+                status[tid] = "XFAIL" if line.get("xf") else "SKIPPED"
+            elif out == "passed" and not line.get("sub"):
+                status[tid] = "PASSED"
+        elif when == "setup" and out == "skipped":
+            status[tid] = "SKIPPED"
+    return status, subfailed
+
+
+def subtest_failures(log: str, ids: list[str]) -> set[str]:
+    """Listed ids with a ``SUBFAILED`` line in pytest's log (pytest >= 9 logs the test itself PASSED)."""
+    found = set()
+    for line in log.splitlines():
+        if line.startswith("SUBFAILED"):
+            for t in ids:
+                if line.endswith(" " + t) or f" {t} - " in line:
+                    found.add(t)
+    return found
+
+
+def tampering(
+    rec: Record,
+    touched: set[str],
+    trusted_files: set[str],
+    listed: list[str],
+    log: str,
+    junit_bytes: bytes | None,
+    own: dict[str, str] | None,
+    logged: dict[str, str] | None,
+    junit: dict[str, str] | None,
+    subfailed: set[str] = frozenset(),  # type: ignore[assignment]
+) -> list[str]:
+    """What the record shows the code under test did to the run (empty: nothing seen).
+
+    ``touched``: files the model patch added or changed; ``trusted_files``: the verdict's test files (reset to
+    base_commit); per listed id, where the parser keeps pytest's ids (else None): ``own`` the record's status,
+    ``logged`` swebench's from the log (None when it found nothing), ``junit`` the JUnit report's."""
+    seen = list(rec.problems)
+    for c in rec.calls:
+        raw, out, tid = str(c.get("raw", "")), c.get("out"), c.get("id")
+        if raw.startswith("exc:") and out == "passed":
+            seen.append(f"the report of {tid} ({c.get('when')}) says passed where the test raised {raw[4:]}")
+        origin = str(c.get("origin") or "")
+        if raw in ("skip", "xfail") and origin and not origin.startswith("/") and _is_listed(str(tid), listed):
+            if PurePosixPath(origin).name != "conftest.py" and origin not in trusted_files:
+                seen.append(f"{tid} was made to {raw} from {origin}, not from a test file")
+    for hook, path, new in rec.hooks:
+        if new:
+            seen.append(f"hook {hook} implemented from {path}, a file written during the test run")
+        elif path in touched:
+            seen.append(f"hook {hook} implemented from {path}, a file the patch added or changed")
+    if junit_bytes is not None and rec.junit_sha256 and hashlib.sha256(junit_bytes).hexdigest() != rec.junit_sha256:
+        seen.append("the JUnit report was rewritten after pytest wrote it")
+    if own is not None:
+        listed = [t for t in listed if t not in subfailed]  # logged PASSED by pytest itself, failed in fact
+        forged = [t for t in listed if own.get(t) not in PASSING and _logged_passing(log, t)]
+        if forged:
+            seen.append(f"the log prints PASSED for {forged[:5]}; the run's own record says otherwise")
+        for t in listed:
+            mine = own.get(t) or "not run"
+            if logged is not None and logged.get(t) in PASSING and mine not in PASSING:
+                seen.append(f"the log reports {t} {logged[t]}; the run's own record says {mine}")
+            if junit is not None and junit.get(t) in PASSING and mine not in PASSING:
+                seen.append(f"the JUnit report passes {t}; the run's own record says {mine}")
+    return list(dict.fromkeys(seen))
+
+
+def _logged_passing(log: str, test_id: str) -> bool:
+    """A pytest status line (``PASSED <id>`` / ``XFAIL <id>``, either order) for the id anywhere in the log."""
+    for status in PASSING:
+        for form in (f"{status} {test_id}", f"{test_id} {status}"):
+            i = log.find(form)
+            while i != -1:
+                before = log[i - 1] if i else "\n"
+                after = log[i + len(form) : i + len(form) + 3]
+                if before == "\n" and (after[:1] in ("", "\n", "\r") or after == " - "):
+                    return True
+                i = log.find(form, i + 1)
+    return False
+
+
+def _is_listed(node_id: str, listed: list[str]) -> bool:
+    return any(t == node_id or t.endswith("/" + node_id) for t in listed)
