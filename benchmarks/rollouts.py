@@ -38,6 +38,7 @@ PHASES = (
     "grade.tests",
     "grade.parse",
     "grade.close",
+    "grade.baseline",
     "grade",
     "result",
 )
@@ -77,6 +78,10 @@ def _level(label: str, results: list, client_walls: list[float], wall: float, lo
     ok = [r for r in results if r.ok]
     walls = [r.wall_s for r in results]
     errors = sorted({(r.phase, (r.error or "")[:120]) for r in results if not r.ok})
+    integrity: dict[str, int] = {}  # clean / tampered / patch_broke_run: what grading saw the code under test do
+    for r in ok:
+        kind = r.grading.integrity.split(":", 1)[0] if r.grading is not None else "not_graded"
+        integrity[kind] = integrity.get(kind, 0) + 1
     phases = _phases(results, client_walls)
     outside = phases.get("outside_agent", {})
     return {
@@ -94,6 +99,7 @@ def _level(label: str, results: list, client_walls: list[float], wall: float, lo
         "loadavg_before": [round(x, 2) for x in load],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "server_peak_rss_mib": round(peak, 1),
+        "integrity": integrity,
         "errors": errors[:5],
     }
 
@@ -145,7 +151,20 @@ def run(as_json: bool, quick: bool = False) -> int:
         "batches queue; phases in seconds over ok rollouts; peak RSS is the server process's high-water mark",
         "results": rows_out,
     }
-    header = ["level", "ok", "outside p50", "p95", "boot", "diff", "grade", "tests", "agent p50", "wall p50", "load"]
+    header = [
+        "level",
+        "ok",
+        "outside p50",
+        "p95",
+        "boot",
+        "diff",
+        "grade",
+        "tests",
+        "agent p50",
+        "wall p50",
+        "integrity",
+        "load",
+    ]
 
     def p50(r: dict, k: str):
         return r.get("phases_s", {}).get(k, {}).get("p50", "-")
@@ -162,6 +181,7 @@ def run(as_json: bool, quick: bool = False) -> int:
             p50(r, "grade.tests"),
             r.get("agent_p50_s", "-"),
             r.get("wall_p50_s", r.get("skipped", "-")),
+            " ".join(f"{k}={v}" for k, v in sorted(r.get("integrity", {}).items())) or "-",
             r.get("loadavg_before", ["-"])[0],
         ]
         for r in rows_out

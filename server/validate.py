@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from swe_gym_env.server.grading import GradingError, grade
+from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.workspace import task_spec
 from swe_gym_env.server.sandbox.base import SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
@@ -19,12 +20,17 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
         return "SURPRISE", "no local repository source (this task needs an image-based sandbox)"
     spec = task_spec(task, backend)
     make = lambda: create_sandbox(backend, spec)  # noqa: E731
+    timeout_s = ServerConfig.from_env().grading_timeout_s
     try:
-        gold = await grade(task, task.patch, make)
-        empty = await grade(task, "", make)
+        gold = await grade(task, task.patch, make, timeout_s, cache_key=backend)
+        empty = await grade(task, "", make, timeout_s, cache_key=backend)
     except (GradingError, SandboxError) as e:
         return "SURPRISE", f"grading broke: {e}"
-    problems = []
+    problems = [
+        f"{name} patch: integrity {g.report.integrity}"
+        for name, g in (("gold", gold), ("empty", empty))
+        if g.report.integrity != "clean"
+    ]
     if gold.reward != 1.0:
         problems.append(
             f"gold patch scored {gold.reward} ({gold.report.resolution}; failing F2P "

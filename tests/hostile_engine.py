@@ -10,7 +10,8 @@ Modes: ``ok`` (oracle policy), ``http500``, ``hang_before`` (never answers), ``h
 the first token, then silence), ``invalid_json`` (a stream whose chunk is not JSON; non-streamed: a truncated JSON
 body), ``html`` (HTTP 200 with an HTML page), ``no_token_ids`` (honest answer with every id field removed),
 ``loop`` (a bash tool call every time, never done), ``crash_agent`` (a bash tool call that SIGKILLs the agent's own
-process), ``slow`` (honest answers, each after ``delay_s``).
+process), ``slow`` (honest answers, each after ``delay_s``), ``cheat`` (a policy attacking the grader: one bash tool
+call running ``command`` — see tests/cheats.py — then "done").
 
 Run: ``python tests/hostile_engine.py --port P [--mode M] [--after N]``, or ``hostile_app()`` in helpers.Served.
 """
@@ -44,6 +45,7 @@ MODES = (
     "loop",
     "crash_agent",
     "slow",
+    "cheat",
 )
 ID_FIELDS = ("prompt_token_ids", "token_ids", "prompt_text")
 
@@ -72,15 +74,31 @@ class CrashAgentPolicy(Policy):
         return Reply(content=DONE)
 
 
+class CheatPolicy(Policy):
+    """One bash call running the current cheat's command at the repository root, then "done"."""
+
+    name = "cheat"
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def reply(self, messages, tools):
+        if _assistant_steps(messages) == 0:
+            return Reply(tool_calls=[("bash", {"command": self.faults.command})])
+        return Reply(content=DONE)
+
+
 class Faults:
     def __init__(self, mode: str = "ok", after: int = 0, delay_s: float = 0.0, hang_s: float = 900.0) -> None:
         self.set(mode, after, delay_s)
         self.hang_s = hang_s  # a hang ends by itself after this long (so a forgotten engine does not pile up)
 
-    def set(self, mode: str, after: int = 0, delay_s: float = 0.0) -> None:
+    def set(self, mode: str, after: int = 0, delay_s: float = 0.0, command: str = "") -> None:
         if mode not in MODES:
             raise ValueError(f"unknown fault mode {mode!r}; known: {MODES}")
-        self.mode, self.after, self.delay_s = mode, after, delay_s
+        if mode == "cheat" and not command:
+            raise ValueError("mode 'cheat' needs a command")
+        self.mode, self.after, self.delay_s, self.command = mode, after, delay_s, command
         self.agent_calls = 0  # agent calls seen since the mode was set
         self.faulted = 0  # of which got the fault
         self.probes = 0
@@ -102,6 +120,7 @@ def hostile_app(mode: str = "ok", after: int = 0, delay_s: float = 0.0) -> Starl
     }
     honest = engines["ok"]
     faults = Faults(mode, after, delay_s)
+    engines["cheat"] = Engine(renderer, CheatPolicy(faults), MODEL)
 
     async def hang(request: Request) -> None:
         faults.hanging += 1
@@ -123,7 +142,7 @@ def hostile_app(mode: str = "ok", after: int = 0, delay_s: float = 0.0) -> Starl
             return await honest.chat(request)
         faults.agent_calls += 1
         mode = faults.mode if faults.agent_calls > faults.after else "ok"
-        if mode in ("loop", "crash_agent"):
+        if mode in ("loop", "crash_agent", "cheat"):
             faults.faulted += 1
             return await engines[mode].chat(request)
         if mode == "slow":
@@ -199,7 +218,12 @@ def hostile_app(mode: str = "ok", after: int = 0, delay_s: float = 0.0) -> Starl
     async def set_fault(request: Request) -> Response:
         body = await request.json()
         try:
-            faults.set(body.get("mode", "ok"), int(body.get("after", 0)), float(body.get("delay_s", 0.0)))
+            faults.set(
+                body.get("mode", "ok"),
+                int(body.get("after", 0)),
+                float(body.get("delay_s", 0.0)),
+                str(body.get("command", "")),
+            )
         except ValueError as e:
             return JSONResponse({"error": str(e)}, 400)
         return JSONResponse(faults.state())

@@ -143,8 +143,11 @@ async def test_dropped_cheats_leave_a_correct_fix_its_reward(name, tmp_path):
     assert g.reward == 1.0 and g.report.integrity == "clean" and g.dropped_files, g.report.log_tail[-1500:]
 
 
-async def test_gold_and_empty_are_clean_and_grading_twice_agrees():
-    task = bundled_tasks()[0]
+@pytest.mark.parametrize("index", range(len(bundled_tasks())))
+async def test_gold_and_empty_are_clean_and_grading_twice_agrees(index):
+    """No false alarm: every bundled task's gold patch is 1.0 and the empty patch 0.0, clean, twice over (the
+    second gold run uses the measured timeout)."""
+    task = bundled_tasks()[index]
     for patch, reward in ((task.patch, 1.0), ("", 0.0), (task.patch, 1.0)):
         g = await grade(task, patch, factory(task))
         assert (g.reward, g.report.integrity, codes(g)) == (reward, "clean", [])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -360,3 +361,24 @@ def test_score_log_reports_the_path_and_parser_without_a_sandbox():
     assert g.report.junit_cross_check is None  # no JUnit report was given
     g = score_log(toy, log + ">>>>> End Test Output\n", sw)
     assert (g.report.graded_by, g.report.parser) == ("pytest", "parse_log_pytest")
+
+
+async def test_a_gold_patch_that_edits_pyproject_outside_pytest_settings_grades_one(pypi_split):  # noqa: F811
+    """blinker 1.8.0 -> 1.8.1: the release's fix also bumps `version` in pyproject.toml, which has a
+    `[tool.pytest.ini_options]` table. Grading pins pytest's settings, not the file: the gold grades 1.0 with the
+    edit kept; the same patch plus an `addopts` plugin in that table is pinned back (the file reset)."""
+    task = next(t for t in pypi_split if "blinker" in t.instance_id)
+    assert "pyproject.toml" in task.patch and "tool.pytest" not in task.patch
+    spec = SandboxSpec(repo_source=task.repo_source, base_commit=task.base_commit, workdir=task.workdir)
+    g = await grade(task, task.patch, lambda: create_sandbox("local", spec))
+    assert (g.reward, g.report.integrity, g.dropped_files) == (1.0, "clean", []), g.report.log_tail[-1500:]
+    sneak = task.patch.replace('+version = "1.8.1"', '+version = "1.8.1"\n+[tool.pytest]\n+addopts = "-p nowhere"')
+    sneak = re.sub(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@(?=[^\n]*\n[^@]*\[tool\.pytest\])", _grow_hunk, sneak, count=1)
+    g = await grade(task, sneak, lambda: create_sandbox("local", spec))
+    assert g.dropped_files == ["pyproject.toml"] and g.report.integrity == "clean"
+
+
+def _grow_hunk(m: re.Match) -> str:
+    """The hunk header of a hunk that gained two added lines."""
+    a, b, c, d = (int(x) for x in m.groups())
+    return f"@@ -{a},{b} +{c},{d + 2} @@"

@@ -227,8 +227,13 @@ def grading_html(report: TestReport | None) -> str:
             for test in tests:
                 mark = "passed" if ok else "failed"
                 rows.append(f'<tr class="sg-{mark}"><td>{name}</td><td>{esc(test, 500)}</td><td>{mark}</td></tr>')
+    clean = report.integrity == "clean"
+    integrity = (
+        f'<div class="sg-integrity sg-{"passed" if clean else "failed"}" data-integrity="'
+        f'{esc(report.integrity.split(":", 1)[0], 40)}">integrity: <b>{esc(report.integrity, 2000)}</b></div>'
+    )
     return (
-        f'<div class="sg-grading"><b>{esc(report.resolution, 100)}</b><table class="sg-table">'
+        f'<div class="sg-grading"><b>{esc(report.resolution, 100)}</b>{integrity}<table class="sg-table">'
         "<tr><th>group</th><th>test</th><th>result</th></tr>" + "".join(rows) + "</table>"
         f"<details><summary>test log tail</summary>{_pre(report.log_tail)}</details></div>"
     )
