@@ -605,6 +605,7 @@ class Run:
 
 _RUNTIMES: dict[tuple, float] = {}  # (task, sandbox kind) -> the shortest complete test run seen, seconds
 _BASELINES: dict[tuple, str | None] = {}  # (task, sandbox kind) -> why the empty patch's run broke (None: it did not)
+_BASELINE_LOCKS: dict[tuple, asyncio.Lock] = {}  # one empty-patch run per task at a time, however many broke
 _CACHE_MAX = 4096
 
 
@@ -765,6 +766,14 @@ async def _baseline(task, make_sandbox, swebench, plan, spec, timeout_s, key, cl
     """Why the empty patch's run of this task breaks (None: it reports results), cached per task and sandbox kind."""
     if key in _BASELINES:
         return _BASELINES[key]
+    lock = _BASELINE_LOCKS.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
+    async with lock:
+        if key in _BASELINES:  # another rollout's broken run paid for it meanwhile
+            return _BASELINES[key]
+        return await _run_baseline(task, make_sandbox, swebench, plan, spec, timeout_s, key, clock)
+
+
+async def _run_baseline(task, make_sandbox, swebench, plan, spec, timeout_s, key, clock) -> str | None:
     t = time.monotonic()
     run, _ = await _run_tests(task, "", make_sandbox, plan, spec, timeout_s, _Clock(None))
     try:

@@ -135,6 +135,13 @@ _WATCHED = [
     "_pytest.outcomes.exit",
     "_pytest.main.pytest_runtestloop",
     "_pytest.main.wrap_session",
+    "_pytest.main.Session.perform_collect",
+    "_pytest.assertion.rewrite.rewrite_asserts",
+    "_pytest.assertion.rewrite.AssertionRewriter.run",
+    "_pytest.assertion.rewrite.AssertionRewritingHook",
+    "_pytest.assertion.rewrite.AssertionRewritingHook.find_spec",
+    "_pytest.assertion.rewrite.AssertionRewritingHook.exec_module",
+    "_pytest.assertion.rewrite._rewrite_test",
     "pytest.skip",
     "pytest.xfail",
     "pytest.fail",
@@ -156,6 +163,7 @@ _XFAILED = _resolve("_pytest.outcomes.XFailed") or type("NoXFail", (Exception,),
 _PM = []  # the plugin manager, its hook relay and hook callers as first seen
 _BASELINE = []  # plugins registered before the repository's conftests (and so its code) were loaded
 _CONFTESTS = {}  # conftest.py files present when the run started: relative path -> sha256
+_META_PATH = list(sys.meta_path)  # import finders present when the run started
 
 
 def _hash_file(path):
@@ -331,6 +339,16 @@ def _audit(config):
             if rel.startswith("/") and not new:
                 continue  # an installed plugin (site-packages, stdlib) that was there before the run
             hooks.append([name, rel or "?", new])
+    for finder in sys.meta_path:
+        if any(finder is f for f in _META_PATH):
+            continue
+        module = sys.modules.get(getattr(type(finder), "__module__", ""), None)
+        src = getattr(module, "__file__", "") or ""
+        rel = _rel(src)
+        new = _new_since_start(src) if src else True
+        if rel.startswith("/") and not new:
+            continue  # an installed package's import hook (six, setuptools, an editable install's finder)
+        hooks.append(["sys.meta_path", rel or "?", new])
     return problems, hooks
 
 

@@ -62,6 +62,8 @@ def protected_reason(path: str, verdict_files: set[str]) -> str | None:
     p = PurePosixPath(path)
     if path in verdict_files:
         return "a test file of the verdict"
+    if p.name == "__init__.py" and any(str(PurePosixPath(v).parent / "__init__.py") == path for v in verdict_files):
+        return "the package init of a test file of the verdict (it runs before the tests are imported)"
     if p.name in STARTUP_NAMES:
         return "pytest/Python startup file"
     if p.suffix in (".pth", ".pyc") or "__pycache__" in p.parts:
@@ -234,10 +236,11 @@ def tampering(
             if PurePosixPath(origin).name != "conftest.py" and origin not in trusted_files:
                 seen.append(f"{tid} was made to {raw} from {origin}, not from a test file")
     for hook, path, new in rec.hooks:
+        what = "an import hook (sys.meta_path)" if hook == "sys.meta_path" else f"hook {hook}"
         if new:
-            seen.append(f"hook {hook} implemented from {path}, a file written during the test run")
+            seen.append(f"{what} implemented from {path}, a file written during the test run")
         elif path in touched:
-            seen.append(f"hook {hook} implemented from {path}, a file the patch added or changed")
+            seen.append(f"{what} implemented from {path}, a file the patch added or changed")
     if junit_bytes is not None and rec.junit_sha256 and hashlib.sha256(junit_bytes).hexdigest() != rec.junit_sha256:
         seen.append("the JUnit report was rewritten after pytest wrote it")
     if own is not None:
