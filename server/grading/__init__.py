@@ -53,8 +53,9 @@ module does about it (`TestReport.integrity` says what it saw: `clean`, `tampere
    is FAILED, never a pass and never tampering.
 
 Not defended (residual risk): code in the test process can, in principle, read the key out of the guard's memory
-and write a consistent record, or patch objects the guard does not watch (e.g. the assertion rewriter, builtins the
-tests call); a patch may special-case the hidden tests' inputs; tasks whose code under test is pytest itself or a
+and write a consistent record, or patch objects the guard does not watch (builtins the tests call, objects reached
+through the garbage collector); a patch may special-case the hidden tests' inputs or return objects whose comparisons
+always succeed; tasks whose code under test is pytest itself or a
 pytest plugin (the guard trusts plugins loaded before the tree and their files are the patch's to change); helper
 modules the tests import that no test id names are the patch's to change; a P2P test the code under test skips via
 a condition evaluated in the test file is "maintained" (swebench's rule). Other runners (Django's, sympy's: cross
