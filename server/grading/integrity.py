@@ -33,7 +33,7 @@ PASSING = {"PASSED", "XFAIL"}
 
 
 def guard_plugin_source() -> bytes:
-    return resources.files(__package__).joinpath("guard_plugin.py").read_bytes()
+    return resources.files("swe_gym_env.server.grading").joinpath("guard_plugin.py").read_bytes()
 
 
 def section_paths(section: str) -> list[str]:
