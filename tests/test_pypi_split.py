@@ -22,16 +22,16 @@ from conftest import require
 from swe_gym_env.server.grading import grade
 from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
-from swe_gym_env.tasks.models import Task
+from swe_gym_env.tasks.models import Task, patch_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CLI = str(Path(sys.executable).parent / "swe-gym-env")
-SPECIAL = {"pytest-plugin-addopts", "parametrised-ids", "src-layout", "import-error-before-fix"}
+SPECIAL = {"pytest-plugin-addopts", "parametrised-ids", "src-layout", "import-error-before-fix", "gold-edits-pyproject"}
 
 
 @pytest.fixture(scope="session")
 def pypi_split() -> tuple[Task, ...]:
-    """The split as scripts/setup.sh leaves it: built, with every task's local venv (built here when missing)."""
+    """The split as `swe-gym-env setup --all` leaves it: built, with every task's local venv (built here if missing)."""
     from swe_gym_env.server.assets import task_runtime_dir
     from swe_gym_env.tasks.catalog import pypi_tasks
     from swe_gym_env.tasks.envs import EnvError, build_env, env_ready
@@ -71,7 +71,7 @@ def test_the_split_is_reproducible_and_covers_the_special_cases(tmp_path, pypi_s
     b = build.build(tmp_path / "b", build.task_names(), log=lambda _: None)
     assert (tmp_path / "a" / "tasks.jsonl").read_text() == (tmp_path / "b" / "tasks.jsonl").read_text()
     assert (tmp_path / "a" / "tasks.jsonl").read_text() == (build.out_dir() / "tasks.jsonl").read_text()
-    assert len(a) == len(b) >= 8 and len({r["repo"] for r in a}) == len(a)
+    assert len(a) == len(b) >= 9 and len({r["repo"] for r in a}) == len(a)
     assert SPECIAL <= {s for r in a for s in r["meta"]["special"]}
     for row in a:
         meta = row["meta"]
@@ -88,6 +88,9 @@ def test_the_split_is_reproducible_and_covers_the_special_cases(tmp_path, pypi_s
     assert any("[" in t for r in a for t in r["FAIL_TO_PASS"])  # parametrised ids
     cachetools = next(r for r in a if "import-error-before-fix" in r["meta"]["special"])
     assert cachetools["PASS_TO_PASS"] == [] and len(cachetools["FAIL_TO_PASS"]) > 1
+    # a gold patch that edits pyproject.toml, none of it pytest's settings (the grader pins those, keeps the rest)
+    edits = next(r for r in a if "gold-edits-pyproject" in r["meta"]["special"])
+    assert "pyproject.toml" in patch_files(edits["patch"]) and "tool.pytest" not in edits["patch"]
     tasks = {t.instance_id: t for t in pypi_split}
     assert all(tasks[r["instance_id"]].image == r["docker_image"] for r in a)  # the loader names the image
 
