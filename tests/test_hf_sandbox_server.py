@@ -231,6 +231,35 @@ def test_files_ranged_roundtrip_and_ops(dedicated, tmp_path: Path) -> None:
     assert {e.name for e in sbx.files.list("/tmp/hfemu")} == {"deep"}
 
 
+RANGE = 64 * 1024  # the SDK's ranges are 1 MiB: 64 KiB ones make the same 16 requests at once, cheaply
+
+
+def _race_parents(sbx: Sandbox, base: str, seen_as: str, rounds: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's parallel ranged write of 16 ranges + 1, again and again, each time into a fresh 5-deep dir under
+    `base` (`seen_as` by a command): every range creates the missing parents. Each file checked byte for byte (a
+    range truncating another's would show)."""
+    monkeypatch.setattr(sbx.files, "PARALLEL_THRESHOLD", RANGE)  # this test's instance only: restored after it
+    monkeypatch.setattr(sbx.files, "PARALLEL_CHUNK_SIZE", RANGE)
+    written = {}
+    for n in range(rounds):
+        path = f"{base}/{n}/a/b/c/d/e/f.bin"
+        written[path] = os.urandom(SandboxFiles.PARALLEL_MAX_WORKERS * RANGE + 1 + n)
+        sbx.files.write(path, written[path])
+    sums = sbx.run(["sh", "-c", 'cd "$1" && sha256sum */a/b/c/d/e/f.bin', "sh", seen_as]).stdout
+    assert sorted(sums.split()[1::2]) == sorted(p[len(base) + 1 :] for p in written)
+    for got, name in zip(sums.split()[::2], sums.split()[1::2], strict=True):
+        assert got == hashlib.sha256(written[f"{base}/{name}"]).hexdigest(), name
+
+
+def test_parallel_ranged_writes_create_parents_race_free(dedicated, monkeypatch) -> None:
+    """Two ranges of one write both found a parent missing and both made it: the loser's request failed with 409
+    "File exists" (the flake of `test_files_ranged_roundtrip_and_ops`; this lost it in ~5% of rounds)."""
+    _, sbx = dedicated
+    base = f"/tmp/hfemu-race-{RUN_ID}"
+    _race_parents(sbx, base, base, 100, monkeypatch)
+    sbx.files.delete(base, recursive=True)
+
+
 def test_missing_file_is_404(dedicated) -> None:
     _, sbx = dedicated
     for call in (lambda: sbx.files.read("/no/such/file"), lambda: sbx.files.stat("/no/such/file")):
@@ -378,6 +407,20 @@ def test_pool_sandbox_idle_eviction(pool) -> None:
     with pytest.raises(SandboxError) as gone:
         s.run("true")
     assert gone.value.status_code == 404
+
+
+def test_pool_parallel_ranged_writes_create_parents_race_free(pool, monkeypatch) -> None:
+    """The same in a pool sandbox's home (paths rooted there, no symlink followed), where whichever request made a
+    parent, it is the sandbox uid's."""
+    job, host = pool
+    s = _create(job, host)
+    try:
+        _race_parents(s, "/race", "race", 40, monkeypatch)  # commands run in the home
+        uid = s.run("id -u").stdout.strip()
+        owners = s.run(["stat", "-c", "%u", "race", "race/0/a/b/c/d/e", "race/0/a/b/c/d/e/f.bin"]).stdout.split()
+        assert owners == [uid] * 3
+    finally:
+        s.kill()
 
 
 E2E = """

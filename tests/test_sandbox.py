@@ -1,5 +1,6 @@
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -63,24 +64,39 @@ async def test_no_network_without_relay_and_relay_reaches_only_the_socket(tmp_pa
         tcp.close()
 
 
+# This process's own long sleep: a plain `sleep 300` is also what other suites start (in their docker containers, all
+# in this /proc), maybe at the same time on this machine, and what another run of this file starts.
+SLEEP = f"300.{os.getpid()}"
+
+
 def sleepers() -> list[str]:
     found = []
     for pid in os.listdir("/proc"):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().split(b"\0")[:2] == [b"sleep", b"300"]:
+                if f.read().split(b"\0")[:2] == [b"sleep", SLEEP.encode()]:
                     found.append(pid)
         except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
             continue
     return found
 
 
+async def settle(check, limit_s: float = 20.0) -> None:
+    """Wait up to `limit_s` for `check()`: processes start and die asynchronously, later on a loaded machine than a
+    fixed sleep assumed. The assertion that follows says what did not happen."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.05)
+
+
 async def test_timeout_kills_the_process_tree_and_close_removes_everything():
     sbx = await create_sandbox("local", spec())
     root = sbx.root
-    r = await sbx.exec("sleep 300 & sleep 300 & echo $$ > /tmp/pid; wait", timeout=1.5)
+    r = await sbx.exec(f"sleep {SLEEP} & sleep {SLEEP} & echo $$ > /tmp/pid; wait", timeout=1.5)
     assert r.timed_out and r.exit_code == 124
-    await asyncio.sleep(0.2)
+    await settle(lambda: sleepers() == [])
     assert sleepers() == []
     await sbx.close()
     await sbx.close()  # idempotent
@@ -129,11 +145,11 @@ async def test_background_process_poll_wait_and_kill_the_tree():
         assert await p.poll() is None
         r = await p.wait(10)
         assert r.exit_code == 3 and r.stdout == "finished\n" and await p.poll() == 3
-        tree = await sbx.start("sleep 300 & sleep 300 & wait")
-        await asyncio.sleep(0.3)
+        tree = await sbx.start(f"sleep {SLEEP} & sleep {SLEEP} & wait")
+        await settle(lambda: len(sleepers()) >= 2)
         assert len(sleepers()) >= 2
         await tree.kill()
-        await asyncio.sleep(0.2)
+        await settle(lambda: sleepers() == [])
         assert sleepers() == []
 
 
@@ -204,7 +220,7 @@ from swe_gym_env.tasks.catalog import bundled_tasks
 async def main():
     t = bundled_tasks()[0]
     sbx = await create_sandbox("local", SandboxSpec(repo_source=t.repo_source, base_commit=t.base_commit))
-    await sbx.start("sleep 300 & sleep 300 & wait")
+    await sbx.start("sleep SLEEP & sleep SLEEP & wait")
     print(sbx.root, flush=True)
     await asyncio.sleep(300)
 asyncio.run(main())
@@ -218,13 +234,14 @@ async def test_a_server_killed_with_sigkill_leaves_no_process_and_the_next_one_r
 
     from swe_gym_env.server.sandbox.registry import reap_orphans
 
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_SERVER], stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
+    code = KILLED_SERVER.replace("SLEEP", SLEEP)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
     root = proc.stdout.readline().strip()
-    await asyncio.sleep(0.5)
+    await settle(lambda: len(sleepers()) >= 2)
     assert len(sleepers()) >= 2 and is_dir(root)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    await asyncio.sleep(0.5)
+    await settle(lambda: sleepers() == [])
     assert sleepers() == []  # --die-with-parent
     assert root in reap_orphans() and not is_dir(root)
 
@@ -262,11 +279,12 @@ async def test_200_create_close_cycles_leave_nothing_behind():
     for i in range(200):
         sbx = await create_sandbox("local", spec())
         if i % 2:
-            await sbx.start("sleep 300")
+            await sbx.start(f"sleep {SLEEP}")
         else:
             await sbx.exec("true", timeout=10)
         await sbx.close()
-    await asyncio.sleep(0.3)
+    settled = lambda: _leftovers() == (set(), 0, set()) and sleepers() == [] and children() == already  # noqa: E731
+    await settle(settled)
     assert _leftovers() == before[0] == (set(), 0, set())
     assert sleepers() == [] and children() == already
 

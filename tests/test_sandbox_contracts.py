@@ -582,12 +582,26 @@ def every_argv() -> list[bytes]:
     return found
 
 
+def own(mark: str) -> str:
+    """A sleep's argument only this test process uses (`2711.<pid>`): another run of these tests on this machine
+    starts the same `sleep 2711`, and /proc shows every process of the machine."""
+    return f"{mark}.{os.getpid()}"
+
+
 async def gone(mark: str) -> bool:
     for _ in range(50):
         if not sleeping(mark):
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def started(mark: str, n: int, limit: int = 400) -> None:
+    """Wait (up to `limit` x 50 ms) until `n` sleeps of `mark` run: a fixed wait is too short on a loaded machine."""
+    for _ in range(limit):
+        if len(sleeping(mark)) >= n:
+            return
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.integration
@@ -615,17 +629,18 @@ async def test_host_backend_kills_the_whole_tree_setsid_and_double_fork_included
         assert await p.poll() is None
         r = await p.wait(20)
         assert r.exit_code == 3 and r.stdout == "finished\n" and await p.poll() == 3
-        tree = await sbx.start(escape.format(m="2711"))
-        await asyncio.sleep(0.8)
-        assert len(sleeping("2711")) == 3
+        tree = await sbx.start(escape.format(m=own("2711")))
+        await started(own("2711"), 3)
+        assert len(sleeping(own("2711"))) == 3
         await tree.kill()
-        assert await gone("2711")
-        r = await sbx.exec(escape.format(m="2712"), timeout=1.5)
+        assert await gone(own("2711"))
+        r = await sbx.exec(escape.format(m=own("2712")), timeout=1.5)
         assert r.timed_out and r.exit_code == 124
-        assert await gone("2712")
-        await sbx.start(escape.format(m="2713"))
-        await asyncio.sleep(0.8)
-    assert await gone("2713")  # close kills what is still running
+        assert await gone(own("2712"))
+        await sbx.start(escape.format(m=own("2713")))
+        await started(own("2713"), 3)
+        assert len(sleeping(own("2713"))) == 3
+    assert await gone(own("2713"))  # close kills what is still running
 
 
 @pytest.mark.integration
@@ -642,8 +657,9 @@ async def test_host_backend_files_cannot_escape_and_secrets_never_reach_argv(bac
         await sbx.write_file("/home/agent/secret.env", b"K=V\n", 0o600)
         r = await sbx.exec("stat -c %a /home/agent/secret.env; cat /home/agent/secret.env", timeout=30)
         assert r.stdout.split() == ["600", "K=V"]
-        p = await sbx.start("sleep 2714")
-        await asyncio.sleep(0.5)
+        p = await sbx.start(f"sleep {own('2714')}")
+        await started(own("2714"), 1)
+        assert sleeping(own("2714"))  # checked while the command runs
         argv = every_argv()
         assert argv and not any(b"s3cr3t-value" in a for a in argv)
         r = await sbx.exec("echo $CAPTURE_KEY; stat -c %a /tmp/.swe-gym/secrets.env", timeout=30)

@@ -3,7 +3,10 @@ imported from a debootstrap root filesystem."""
 
 import asyncio
 import json
+import os
 import subprocess
+import time
+import uuid
 
 import pytest
 
@@ -27,6 +30,16 @@ def docker(*args: str) -> str:
 
 def in_container(name: str, script: str) -> str:
     return docker("exec", name, "sh", "-c", script)
+
+
+async def settle(check, limit_s: float = 30.0) -> None:
+    """Wait up to `limit_s` for `check()`: processes start and containers go asynchronously, later on a loaded machine
+    than a fixed sleep assumed. The assertion that follows says what did not happen."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.2)
 
 
 async def test_repo_tests_labels_limits_no_network_and_close_removes_the_container():
@@ -60,14 +73,15 @@ async def test_background_and_timeout_kill_the_whole_tree_inside():
         p = await sbx.start("sleep 0.2; echo hi; exit 4")
         r = await p.wait(20)
         assert (r.exit_code, r.stdout) == (4, "hi\n")
+        count = lambda: in_container(sbx.name, "pgrep -c -f '^sleep 30[01]'").strip()  # noqa: E731
         tree = await sbx.start("sleep 300 & sleep 300 & wait")
-        await asyncio.sleep(0.5)
-        assert in_container(sbx.name, "pgrep -c -f '^sleep 30[01]'").strip() == "2"
+        await settle(lambda: count() == "2")
+        assert count() == "2"
         await tree.kill()
         r = await sbx.exec("sleep 301 & sleep 301 & wait", timeout=1.5)
         assert r.timed_out
-        await asyncio.sleep(0.3)
-        assert in_container(sbx.name, "pgrep -c -f '^sleep 30[01]'").strip() == "0"
+        await settle(lambda: count() == "0")
+        assert count() == "0"
 
 
 async def test_files_round_trip(tmp_path):
@@ -105,8 +119,11 @@ async def test_relay_reaches_only_the_capture_socket(tmp_path):
         server.close()
 
 
-async def test_orphans_of_a_dead_incarnation_are_reaped_and_containers_expire_by_themselves():
-    name = "swe-gym-orphan-test"
+async def test_orphans_of_a_dead_incarnation_are_reaped_and_containers_expire_by_themselves(monkeypatch):
+    # Its own name and server id: another run on this machine (same cached server id) must neither remove this
+    # container by name nor reap it as its own orphan, and this one must not reap theirs.
+    monkeypatch.setenv("SWE_GYM_SERVER_ID", f"orphan-test-{uuid.uuid4().hex[:12]}")
+    name = f"swe-gym-orphan-test-{os.getpid()}"
     docker("rm", "-f", name)
     docker(
         "run", "-d", "--rm", "--name", name, "--network", "none", "--label", f"swe-gym.server={server_id()}",
@@ -120,8 +137,10 @@ async def test_orphans_of_a_dead_incarnation_are_reaped_and_containers_expire_by
     try:
         assert sbx.name in docker("ps", "--format", "{{.Names}}")
         assert f"docker:{sbx.name}" not in docker_backend.reap_orphans()  # ours, alive: kept
-        await asyncio.sleep(4)
-        assert sbx.name not in docker("ps", "-a", "--format", "{{.Names}}")  # sleep <deadline> ended, --rm
+        gone = lambda: sbx.name not in docker("ps", "-a", "--format", "{{.Names}}")  # noqa: E731
+        await asyncio.sleep(2)  # its deadline
+        await settle(gone)
+        assert gone()  # sleep <deadline> ended, --rm
     finally:
         await sbx.close()
 

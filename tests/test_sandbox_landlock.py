@@ -78,6 +78,9 @@ print(json.dumps(out))
 """
 
 
+TAG = f".{os.getpid()}"  # on every sleep this driver starts: another run on this machine starts the same ones
+
+
 def pids(pattern: str, under: str | None = None) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
@@ -85,12 +88,25 @@ def pids(pattern: str, under: str | None = None) -> list[int]:
             continue
         try:
             argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            if argv[0] == b"sleep" and argv[1].decode().startswith(pattern):
+            if argv[0] == b"sleep" and argv[1].decode().startswith(pattern) and argv[1].decode().endswith(TAG):
                 if under is None or os.readlink(f"/proc/{name}/cwd").startswith(under):
                     found.append(int(name))
         except (OSError, IndexError):
             continue
     return found
+
+
+def escape(mark: str) -> str:
+    """sleep <mark>3, a setsid'd sh running sleep <mark>2 and, double-forked, sleep <mark>1 (each with our TAG)."""
+    inner = f"(sleep {mark}1{TAG} &) ; sleep {mark}2{TAG}"
+    return f"setsid sh -c '{inner}' </dev/null >/dev/null 2>&1 & sleep {mark}3{TAG}"
+
+
+async def until(check, limit_s: float) -> None:
+    """Wait up to `limit_s` for `check()` (processes start and die asynchronously); the caller records what holds."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end and not check():
+        await asyncio.sleep(0.05)
 
 
 async def main() -> dict:
@@ -115,7 +131,7 @@ async def main() -> dict:
         a = await create_sandbox("landlock", spec(capture_socket=sock))
         try:
             await b.write_file("/testbed/other-secret.txt", b"B-SECRET")
-            sleeper = await b.start("sleep 3000")
+            sleeper = await b.start(f"sleep 3000{TAG}")
             for _ in range(100):
                 if (bp := pids("3000", b.workdir)):
                     break
@@ -146,18 +162,19 @@ async def main() -> dict:
             await b.close()
         # a setsid + double-forked child dies at the sandbox's deadline, and on close
         c = await create_sandbox("landlock", spec(deadline_s=6))
-        await c.start("setsid sh -c '(sleep 3141 &) ; sleep 3142' </dev/null >/dev/null 2>&1 & sleep 3143")
-        await asyncio.sleep(1.5)
+        await c.start(escape("314"))
+        await until(lambda: len(pids("314")) == 3, c.expires_at - time.time() - 0.5)  # all 3 run, before the deadline
         out["before deadline"] = len(pids("314"))
-        await asyncio.sleep(max(0.0, c.expires_at - time.time()) + 1.5)
+        await asyncio.sleep(max(0.0, c.expires_at - time.time()))
+        await until(lambda: not pids("314"), 5)  # a loaded machine: the kill at the deadline may land a little late
         out["after deadline"] = len(pids("314"))
         await c.close()
         d = await create_sandbox("landlock", spec())
-        await d.start("setsid sh -c '(sleep 3151 &) ; sleep 3152' </dev/null >/dev/null 2>&1 & sleep 3153")
-        await asyncio.sleep(1.0)
+        await d.start(escape("315"))
+        await until(lambda: len(pids("315")) == 3, 20)
         out["before close"] = len(pids("315"))
         await d.close()
-        await asyncio.sleep(0.5)
+        await until(lambda: not pids("315"), 5)
         out["after close"] = len(pids("315"))
         out["uid"] = os.getuid()
     finally:
@@ -290,11 +307,14 @@ from swe_gym_env.tasks.catalog import bundled_tasks
 async def main():
     t = bundled_tasks()[0]
     sbx = await create_sandbox("landlock", SandboxSpec(repo_source=t.repo_source, base_commit=t.base_commit))
-    await sbx.start("setsid sh -c '(sleep 3161 &) ; sleep 3162' </dev/null >/dev/null 2>&1 & sleep 3163")
+    await sbx.start("setsid sh -c '(sleep 3161TAG &) ; sleep 3162TAG' </dev/null >/dev/null 2>&1 & sleep 3163TAG")
     print(sbx.root, flush=True)
     await asyncio.sleep(300)
 asyncio.run(main())
 """
+
+
+TAG = f".{os.getpid()}"  # on the sleeps this process's killed server starts: another run starts the same ones
 
 
 def sleeping(prefix: str) -> list[str]:
@@ -305,7 +325,7 @@ def sleeping(prefix: str) -> list[str]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if argv[0] == b"sleep" and argv[1].startswith(prefix.encode()):
+        if argv[0] == b"sleep" and argv[1].startswith(prefix.encode()) and argv[1].endswith(TAG.encode()):
             found.append(pid)
     return found
 
@@ -315,7 +335,9 @@ def sleeping(prefix: str) -> list[str]:
 def test_a_server_killed_with_sigkill_leaves_no_process_and_the_next_one_reaps_its_dir():
     from swe_gym_env.server.sandbox.registry import reap_orphans
 
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_SERVER], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SERVER.replace("TAG", TAG)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     root = proc.stdout.readline().strip()
     deadline = time.monotonic() + 10

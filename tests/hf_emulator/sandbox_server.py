@@ -162,19 +162,32 @@ class Files:
         return "/" + "/".join(parts)
 
     def _open_dir(self, parts: list[str], create: bool) -> int:
-        """An fd on the directory `parts` under the root, walked one component at a time."""
+        """An fd on the directory `parts` under the root, walked one component at a time.
+
+        With `create`, a missing component is made like `mkdir -p` does, and race-free: requests run concurrently
+        (the SDK writes a large file as parallel ranged PUTs, each creating the parents), so a component another
+        request made between our open and our mkdir is simply opened. Whoever made it, it is opened the same way
+        (O_NOFOLLOW in a pool home), so a symlink or a file planted there is still refused."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | self.nofollow
         fd = os.open(self.home or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in parts:
                 try:
-                    nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | self.nofollow, dir_fd=fd)
+                    nxt = os.open(part, flags, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    if self.home is not None:
-                        os.chown(part, self.uid, self.uid, dir_fd=fd, follow_symlinks=False)
-                    nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | self.nofollow, dir_fd=fd)
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError as exists:  # made concurrently, or a dangling symlink (dedicated)
+                        try:
+                            nxt = os.open(part, flags, dir_fd=fd)
+                        except FileNotFoundError:
+                            raise exists from None  # a dangling symlink: what mkdir said, as before
+                    else:
+                        if self.home is not None:  # only what we made: never chown another's entry
+                            os.chown(part, self.uid, self.uid, dir_fd=fd, follow_symlinks=False)
+                        nxt = os.open(part, flags, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
             return fd
