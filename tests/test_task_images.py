@@ -29,7 +29,7 @@ def task():
     from swe_gym_env.tasks.catalog import split_names, tasks_in
 
     require(docker_ready(), "no docker daemon: run `bash scripts/setup_docker.sh`")
-    require("pypi" in split_names(), "the pypi split is not built: run `bash scripts/setup.sh`")
+    require("pypi" in split_names(), "the pypi split is not built: run `swe-gym-env setup --all`")
     t = next(t for t in tasks_in("pypi") if t.instance_id == TASK)
     assert t.image is not None
     have = subprocess.run(["docker", "image", "inspect", t.image], capture_output=True, timeout=60)

@@ -123,11 +123,20 @@ def cross_check(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -
 
 
 def npm_install(root: Path, spec: str, entry: Path, extra: tuple[str, ...] = (), log=print) -> None:
-    """Install one pinned npm package under ``root`` (once per host); ``entry`` must exist afterwards."""
+    """Install one pinned npm package under ``root`` (once per host); ``entry`` must exist afterwards. A failure
+    (no npm, no registry, a bad pin) is an AgentError("install") carrying the end of npm's output."""
     root.mkdir(parents=True, exist_ok=True)
     log(f"installing {spec} with npm into {root}")
     argv = ["npm", "install", "--prefix", str(root), *extra, "--no-audit", "--no-fund", "--loglevel=error", spec]
-    subprocess.run(argv, check=True)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise AgentError("install", f"`npm install {spec}` failed: {e}") from e
+    said = (r.stdout.strip() + "\n" + r.stderr.strip()).strip()
+    if r.returncode != 0:
+        raise AgentError("install", f"`npm install {spec}` failed (exit {r.returncode}): {said[-600:]}")
+    if said:
+        log(said.splitlines()[-1])  # "added 183 packages in 12s"
     if not entry.is_file():
         raise AgentError("install", f"npm install finished but {entry} is missing")
 

@@ -1,5 +1,6 @@
 """Self-contained agent bundles: all one harness needs to run in any image with glibc (no Node, curl or pip in the
-image), built once by `swe-gym-env setup`, content-addressed, and delivered by the sandbox backends: mounted
+image), built once (by `swe-gym-env setup` for Pi, `setup --harness X` / `--all`, or on a rollout's first use:
+server/agents/provision.py), content-addressed, and delivered by the sandbox backends: mounted
 read-only at `BUNDLE_MOUNT` on `local` and `docker`, uploaded as a tarball, unpacked there and checked against its
 digest inside the sandbox on `hf` and `e2b` (`server/sandbox/base.py`: the backends know the format, not the agent).
 
@@ -23,6 +24,7 @@ registry settings and CA apply) and checked against the pinned sha512 before use
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -30,8 +32,11 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -252,21 +257,58 @@ def require_bundle(h: Harness) -> Bundle:
     found = find_bundle(h)
     if found is None:
         raise BundleError(
-            f"the {h.name} {h.version} agent bundle is not built (or stale) in {bundles_dir()}: run `swe-gym-env setup`"
+            f"the {h.name} {h.version} agent bundle is not built (or stale) in {bundles_dir()}: run "
+            f"`swe-gym-env setup --harness {h.name}`"
         )
     return found
 
 
+class Progress:
+    """`<harness> <version>: NN% <step>` lines for a build, and the same line again every ``every_s`` seconds while
+    a step runs (npm reports no progress of its own), so a server log or an MCP progress stream shows it alive."""
+
+    def __init__(self, h: Harness, log=print, every_s: float = 5.0) -> None:
+        self.prefix = f"{h.name} {h.version}"
+        self.log = log
+        self.every_s = every_s
+
+    def say(self, pct: int, what: str) -> None:
+        self.log(f"{self.prefix}: {pct:3d}% {what}")
+
+    @contextlib.contextmanager
+    def step(self, pct: int, what: str) -> Iterator[None]:
+        self.say(pct, what)
+        stop, started = threading.Event(), time.monotonic()
+
+        def beat() -> None:
+            while not stop.wait(self.every_s):
+                self.say(pct, f"{what} ({time.monotonic() - started:.0f}s)")
+
+        beater = threading.Thread(target=beat, name=f"progress-{self.prefix}", daemon=True)
+        beater.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beater.join()
+
+
 def build_bundle(h: Harness, log=print) -> Bundle:
     t = time.monotonic()
-    h.ensure_installed(log)
-    artifacts = {a.package: fetch_artifact(a, log) for a in h.bundle_artifacts}
+    progress = Progress(h, log)
+    what = f"npm install {h.package}" + "".join(f", fetching {a.spec}" for a in h.bundle_artifacts)
+    with progress.step(0, what), ThreadPoolExecutor(max_workers=1) as pool:  # the downloads at once
+        fetched = pool.submit(lambda: {a.package: fetch_artifact(a, log) for a in h.bundle_artifacts})
+        h.ensure_installed(log)
+        artifacts = fetched.result()
     root = bundles_dir()
     root.mkdir(parents=True, exist_ok=True)
     stage = root / f".stage-{h.name}-{uuid.uuid4().hex[:8]}"
     try:
-        for rel, src in h.bundle_contents(artifacts).items():
-            _copy_in(src, stage / rel)
+        with progress.step(70, "copying its files into the bundle"):
+            for rel, src in h.bundle_contents(artifacts).items():
+                _copy_in(src, stage / rel)
+        progress.say(90, "sealing the bundle (sha256 of every file)")
         meta = _seal(
             stage,
             {
@@ -290,9 +332,10 @@ def build_bundle(h: Harness, log=print) -> Bundle:
     tmp = _pointer(h).with_name(f".{_pointer(h).name}.{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps({"dir": final.name, "digest": meta["digest"]}) + "\n")
     tmp.replace(_pointer(h))
-    log(
+    progress.say(
+        100,
         f"agent bundle {final.name}: {meta['bytes'] / 1e6:.0f} MB in {meta['files']} files, "
-        f"built in {time.monotonic() - t:.1f}s"
+        f"built in {time.monotonic() - t:.1f}s",
     )
     return Bundle(final, meta)
 
@@ -313,7 +356,7 @@ def bundle_status(h: Harness) -> dict:
     """For `swe-gym-env info`: whether the bundle is built, where, and its size (cheap: no full check)."""
     found = find_bundle(h)
     if found is None:
-        return {"built": False, "reason": "not built (or stale): run `swe-gym-env setup`"}
+        return {"built": False, "reason": f"not built (or stale): run `swe-gym-env setup --harness {h.name}`"}
     archive = found.path.with_name(found.path.name + ".tar.gz")  # the upload for hf / e2b, made on first use
     return {
         "built": True,

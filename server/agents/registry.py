@@ -48,7 +48,11 @@ HARNESSES: Mapping[str, type[Harness]] = _Classes()
 
 
 def harness_info() -> dict[str, dict[str, str | bool]]:
-    """Per harness: version, the capture dialect it speaks (by default) and whether it is ready (its bundle built)."""
+    """Per harness: version, the capture dialect it speaks (by default), whether it is ready (its bundle built) and,
+    when not, whether a rollout would install it on first use here (server/agents/provision.py)."""
+    from swe_gym_env.server.agents.provision import install_on_use_from_env, install_refusal
+
+    refusal = install_refusal(install_on_use_from_env())
     out: dict[str, dict[str, str | bool]] = {}
     for name in _NAMES:
         try:
@@ -60,6 +64,7 @@ def harness_info() -> dict[str, dict[str, str | bool]]:
         try:
             h.mounts()  # raises when the install or bundle is missing
         except AgentError as e:
-            row.update(ready=False, reason=str(e))
+            how = f"cannot install it on first use ({refusal})" if refusal else "a rollout installs it on first use"
+            row.update(ready=False, installs_on_first_use=refusal is None, reason=f"{e}; or {how}")
         out[name] = row
     return out

@@ -42,10 +42,14 @@ class ServerConfig:
     concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend (else 8)
     max_queue: int = 256  # rollouts waiting per backend before `capacity` errors
     allow_engine_urls: tuple[str, ...] = ()  # URL prefixes callers may name as engine_url ("*": any); security.py
+    # a harness, the pypi split or a task venv a rollout needs and this server lacks is installed on first use (else:
+    # refused at validate, naming the command that installs it); $SWE_GYM_INSTALL_ON_USE, server/agents/provision.py
+    install_on_use: bool = True
 
     @classmethod
     def from_env(cls) -> ServerConfig:
         """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
+        from swe_gym_env.server.agents.provision import install_on_use_from_env
         from swe_gym_env.server.assets import cache_dir
 
         engine = EngineTarget(
@@ -64,4 +68,5 @@ class ServerConfig:
             capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
             concurrency=concurrency_from_env(),
             allow_engine_urls=engine_allowlist(),
+            install_on_use=install_on_use_from_env(),
         )

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from swe_gym_env.server.agents import provision
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
@@ -24,8 +26,8 @@ from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, Run
 from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup, task_spec
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
-from swe_gym_env.tasks.catalog import TaskNotFound, get_task
-from swe_gym_env.tasks.envs import EnvError, prepare_env
+from swe_gym_env.tasks.catalog import PYPI_SPLIT, TaskNotFound, build_split, get_task, unbuilt
+from swe_gym_env.tasks.envs import EnvError, build_env, env_ready, prepare_env, task_env
 from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import Finding, RolloutRequest, RolloutResult
 
@@ -57,8 +59,23 @@ class Pipeline:
     async def run(self, rec: RolloutRecord, req: RolloutRequest, state: RunState) -> RolloutResult:
         timings = state.timings
         t_run = time.monotonic()
+        try:
+            harness = get_harness(req.harness)
+        except AgentError as e:
+            raise RolloutFailure("install", str(e)) from e
+        harness_missing = not provision.installed(harness)
+        if harness_missing and (why := provision.install_refusal(self.config.install_on_use)) is not None:
+            raise RolloutFailure("validate", provision.not_installed(harness, why))
+        if unbuilt(req.split) and not self.config.install_on_use:
+            raise RolloutFailure(
+                "validate",
+                f"split {req.split!r} is not built on this server and installing on first use is off here "
+                f"({provision.INSTALL_ON_USE_ENV}=0): run `{provision.SETUP_ALL}` on the server, then retry",
+            )
         rec.set_phase("task")
         try:
+            if unbuilt(req.split):  # built once, here, on first use (its sdists come from PyPI)
+                await self._first_use(rec, state, "install.split", lambda log: build_split(req.split, log))
             task = get_task(req.split, req.index, req.instance_id)
         except TaskNotFound as e:
             raise RolloutFailure("task", str(e)) from e
@@ -91,17 +108,6 @@ class Pipeline:
                 )
             ]
 
-        rec.set_phase("install")
-        try:
-            harness = get_harness(req.harness)
-            mounts = harness.mounts()
-        except AgentError as e:
-            raise RolloutFailure("install", str(e)) from e
-        if not (task.image and backend_class(req.sandbox).uses_image):  # the task's own env is not in an image
-            try:
-                await prepare_env(task)  # built once per requirement set, on the host; cached
-            except EnvError as e:
-                raise RolloutFailure("install", str(e)) from e
         context = cert.max_model_len or self.config.context_window
         if req.mode == "capture" and context < harness.min_context_tokens:
             raise RolloutFailure(
@@ -109,6 +115,30 @@ class Pipeline:
                 f"the engine's context is {context} tokens, below the {harness.min_context_tokens} that "
                 f"{req.harness} needs (its own prompt + room to act): serve a longer context or use another harness",
             )
+        env_missing = not (task.image and backend_class(req.sandbox).uses_image)  # its env is not in an image...
+        env_missing = env_missing and task_env(task) is not None and not env_ready(task)  # ...and not built here yet
+        if env_missing and not self.config.install_on_use:
+            how = provision.SETUP_ALL if task.dataset == PYPI_SPLIT else f"swe-gym-env validate --dataset {req.split}"
+            raise RolloutFailure(
+                "validate",
+                f"the environment of task {task.instance_id} is not built on this server and installing on first use "
+                f"is off here ({provision.INSTALL_ON_USE_ENV}=0): run `{how}` on the server, then retry",
+            )
+
+        rec.set_phase("install")
+        try:
+            if harness_missing:
+                await self._first_use(rec, state, "install.harness", lambda log: provision.install(harness, log))
+            mounts = harness.mounts()
+        except AgentError as e:
+            raise RolloutFailure("install", str(e)) from e
+        if not (task.image and backend_class(req.sandbox).uses_image):  # the task's own env is not in an image
+            try:
+                if env_missing:  # built once per requirement set, on the host
+                    await self._first_use(rec, state, "install.env", lambda log: self._build_env(task, log))
+                await prepare_env(task)  # cached
+            except EnvError as e:
+                raise RolloutFailure("install", str(e)) from e
 
         timings["prepare"] = time.monotonic() - t_run  # task, engine certificate, harness install, task env
         rec.set_phase("session")
@@ -216,6 +246,29 @@ class Pipeline:
             with timed(timings, "close"):  # what grading did not hide of the agent sandbox's teardown
                 await closing
 
+    @staticmethod
+    async def _first_use(
+        rec: RolloutRecord, state: RunState, key: str, work: Callable[[Callable[[str], None]], object]
+    ):
+        """Install what the rollout needs and this server lacks (blocking ``work(log)``, in a thread): its lines go
+        to the server's log and the rollout's progress; the time it takes is timed under ``key`` and does not count
+        against the rollout's deadline (it is this server's setup, not the rollout's work)."""
+        loop = asyncio.get_running_loop()
+
+        def log(line: str) -> None:
+            print(f"swe-gym-env: rollout {rec.rollout_id}: {line}", file=sys.stderr, flush=True)
+            with contextlib.suppress(RuntimeError):  # the loop is gone (the process is ending): the log line stays
+                loop.call_soon_threadsafe(rec.emit, line)
+
+        with state.deadline_paused(), timed(state.timings, key):
+            await asyncio.to_thread(work, log)
+
+    @staticmethod
+    def _build_env(task: Task, log: Callable[[str], None]) -> None:
+        log(f"the environment of task {task.instance_id} is not built on this server: building it now, on first use")
+        build_env(task, log)
+        log(f"{task.instance_id}: environment ready")
+
     async def _grade(
         self,
         rec: RolloutRecord,
@@ -253,6 +306,7 @@ class Pipeline:
                 lambda: create_sandbox(req.sandbox, grading_spec),
                 self.config.grading_timeout_s,
                 timings=timings,
+                cache_key=req.sandbox,
             )
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e

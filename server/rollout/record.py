@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,6 +49,24 @@ class RunState:
     mode_findings: list[Finding] = field(default_factory=list)
     agent_findings: list[Finding] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    timeout: asyncio.Timeout | None = None  # the rollout's deadline, as the service enforces it
+
+    @contextlib.contextmanager
+    def deadline_paused(self) -> Iterator[None]:
+        """The deadline stops while the block runs and moves later by the time it took (a first-use install is the
+        server's setup, not the rollout's time: `deadline_s` is boot to grading)."""
+        t = time.monotonic()
+        when = self.timeout.when() if self.timeout is not None else None
+        if self.timeout is not None and when is not None:
+            self.timeout.reschedule(None)
+        try:
+            yield
+        finally:
+            spent = time.monotonic() - t
+            self.deadline += spent
+            if self.timeout is not None and when is not None:
+                with contextlib.suppress(RuntimeError):  # already expired or left: nothing to move
+                    self.timeout.reschedule(when + spent)
 
     def trace(self) -> dict:
         """The result fields every result carries, failed or not."""

@@ -192,7 +192,7 @@ class RolloutService:
                 rec.state = "running"
                 t0 = time.monotonic()
                 state.deadline = time.monotonic() + req.deadline_s
-                async with asyncio.timeout(req.deadline_s):
+                async with asyncio.timeout(req.deadline_s) as state.timeout:
                     result = await self.pipeline.run(rec, req, state)
         except RolloutFailure as e:
             result = self._failed(rec, req, e.phase, e.message, state, e.stop_reason)
