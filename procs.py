@@ -8,6 +8,7 @@ Stdlib only, no project imports (import-linter checks it).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import signal
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +33,18 @@ class NotReady(RuntimeError):
     def __init__(self, message: str, exited: bool = False) -> None:
         super().__init__(message)
         self.exited = exited
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created with its folder) held across processes for the ``with`` body."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -24,8 +24,6 @@ A declared dependency that cannot be installed is an `EnvError` naming it (and t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -40,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swe_gym_env.procs import file_lock
 from swe_gym_env.server.assets import cache_dir, task_runtime_dir
 from swe_gym_env.server.sandbox.local import RUNTIME_MOUNT
 from swe_gym_env.tasks.models import InstallConfig, Task
@@ -322,17 +321,6 @@ def _clone(repo_source: str, base_commit: str, dest: Path) -> None:
             raise EnvError(f"could not check out {base_commit[:12]} of {repo_source}: {r.stderr.strip()[:300]}")
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def build_env(task: Task, log=None) -> Path:
     """Build the `local` venv of ``task`` (blocking; a no-op when built). Raises `EnvError` naming what failed."""
     env = task_env(task)
@@ -340,7 +328,7 @@ def build_env(task: Task, log=None) -> Path:
     if env is None or cfg is None:
         raise EnvError(f"task {task.instance_id} declares no environment (no install_config or no local repository)")
     final = env.host_path
-    with _locked(envs_root() / f".{env.key}.lock"):
+    with file_lock(envs_root() / f".{env.key}.lock"):
         if (final / ".ready").is_file():
             return final
         t0 = time.monotonic()

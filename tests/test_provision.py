@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require
+from test_agent_bundles import ToyHarness as BundleToyHarness
 
 from swe_gym_env.cli import SetupPlan, setup_plan
 from swe_gym_env.names import DEFAULT_HARNESS, HARNESSES
@@ -68,21 +69,12 @@ def test_install_refusals_name_the_reason(monkeypatch, tmp_path):
     assert provision.install_on_use_from_env() is True and ServerConfig.from_env().install_on_use is True
 
 
-class ToyHarness:
-    """A harness whose "npm install" is a copy from a temp dir: install on first use without the network."""
-
-    name = "toy"
-    version = "1.0"
-    package = "toy-agent"
-    needs_node = False
-    min_context_tokens = 1
-    bundle_artifacts = ()
-    min_glibc = "2.28"
-    bundle_probe = "./bin/run --version"
-    bundle_verifier = None
+class ToyHarness(BundleToyHarness):
+    """test_agent_bundles' toy harness whose "npm install" takes a moment and is counted: install on first use
+    without the network."""
 
     def __init__(self, src: Path) -> None:
-        self.src = src
+        super().__init__(src)
         self.installs = 0
 
     def ensure_installed(self, log=print) -> Path:

@@ -17,13 +17,13 @@ cache) on a file lock; whoever comes second finds the bundle built.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import threading
 from collections.abc import Iterator
 
 from swe_gym_env.names import HARNESSES as _NAMES
+from swe_gym_env.procs import file_lock
 from swe_gym_env.server.agents.base import AgentError, Harness
 from swe_gym_env.server.agents.bundle import Bundle, build_bundle, bundles_dir, ensure_bundle, find_bundle
 
@@ -74,14 +74,8 @@ def not_installed(h: Harness, why: str) -> str:
 def _one_install(name: str) -> Iterator[None]:
     with _locks_guard:
         lock = _locks.setdefault(name, threading.Lock())
-    root = bundles_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with lock, open(root / f".install-{name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with lock, file_lock(bundles_dir() / f".install-{name}.lock"):
+        yield
 
 
 def install(h: Harness, log=print) -> Bundle:
