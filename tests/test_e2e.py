@@ -166,10 +166,13 @@ FORGE = (
 
 
 async def test_code_that_forges_passed_lines_gets_no_reward_and_a_clear_error(tmp_path):
+    """Forged PASSED lines, then os._exit before pytest's end: the patch broke the test run (the empty patch's run
+    reports results), so the policy earns 0.0 with `patch_broke_test_run`, never a pass and never a dropped null."""
     result = await scripted_rollout(tmp_path, [bash(FORGE)])
     assert "PASSED tests/test_chunks.py::test_chunked_keeps_partial_tail" in result.model_patch
-    assert not result.ok and result.phase == "grade" and result.reward is None
-    assert "JUnit" in result.error
+    assert result.ok and result.phase == "done" and result.reward == 0.0, (result.phase, result.error)
+    assert result.grading is not None and result.grading.integrity.startswith("patch_broke_run: ")
+    assert "patch_broke_test_run" in [f.code for f in result.findings]
 
 
 async def test_task_setup_commands_run_before_the_agent_and_stay_out_of_its_diff(tmp_path):
