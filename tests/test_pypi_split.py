@@ -110,7 +110,7 @@ def check(task: Task, gold, empty, environment: str) -> None:
         r = g.report
         assert (r.graded_by, r.parser, r.junit_cross_check) == ("install_config", task.log_parser, "match"), r
         assert r.environment.startswith(environment), r.environment
-        assert not [f for f in g.findings if "JUnit" in f], g.findings
+        assert not [f for f in g.findings if "JUnit" in str(f)], g.findings
 
 
 async def grade_all(tasks, backend: str, spec_of, environment: str, parallel: int = 2) -> None:
