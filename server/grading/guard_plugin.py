@@ -22,6 +22,7 @@ this module's memory: see the grader's threat model for what that leaves open.
 
 import hashlib
 import hmac
+import inspect
 import json
 import os
 import sys
@@ -283,10 +284,18 @@ def pytest_runtest_logreport(report):
     )
 
 
+def _source_of(obj):
+    """The file a module (or a class's module) was loaded from; '' when it has none."""
+    try:
+        return inspect.getfile(obj) or ""
+    except (TypeError, OSError):
+        return ""
+
+
 def _impl_source(impl):
     fn = getattr(impl, "function", None)
     code = getattr(fn, "__code__", None)
-    return getattr(code, "co_filename", "") or getattr(getattr(impl, "plugin", None), "__file__", "") or ""
+    return getattr(code, "co_filename", "") or _source_of(getattr(impl, "plugin", None))
 
 
 def _new_since_start(path):
@@ -343,7 +352,7 @@ def _audit(config):
         if any(finder is f for f in _META_PATH):
             continue
         module = sys.modules.get(getattr(type(finder), "__module__", ""), None)
-        src = getattr(module, "__file__", "") or ""
+        src = _source_of(module)
         rel = _rel(src)
         new = _new_since_start(src) if src else True
         if rel.startswith("/") and not new:
