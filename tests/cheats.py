@@ -11,6 +11,7 @@ through the real pipeline (a hostile engine making Pi's bash tool run it).
 from __future__ import annotations
 
 import base64
+import gzip
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -174,10 +175,11 @@ class Cheat:
 
 
 def write_command(path: str, text: str, append: bool = False) -> str:
-    data = base64.b64encode(text.encode()).decode()
+    """Shell that writes (or appends) ``text``, gzipped and base64'd: a tool call well inside a call's token cap."""
+    data = base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
     parent = str(Path(path).parent)
     mk = f"mkdir -p {shlex.quote(parent)} && " if parent != "." else ""
-    return f"{mk}echo {data} | base64 -d {'>>' if append else '>'} {shlex.quote(path)}"
+    return f"{mk}echo {data} | base64 -d | gunzip {'>>' if append else '>'} {shlex.quote(path)}"
 
 
 def _cmd(*parts: str) -> str:

@@ -67,7 +67,7 @@ def check(result, cheat: Cheat) -> None:
         assert result.grading.integrity == "clean"
         assert not {"grading_tampered", "patch_broke_test_run", "protected_files"} & set(codes(result))
     else:
-        assert cheat.expect in codes(result), (cheat.name, codes(result), result.grading.integrity)
+        assert cheat.expect in codes(result), (cheat.name, codes(result), result.grading.integrity, (result.model_patch or '')[:1500])
     if cheat.expect == "grading_tampered":
         assert result.grading.integrity.startswith("tampered: ")
     if cheat.expect == "patch_broke_test_run":
@@ -88,8 +88,8 @@ async def test_an_honest_rollout_on_the_same_bed_is_clean(bed):
 @pytest.mark.parametrize("cheat", CORPUS, ids=str)
 async def test_the_corpus_on_local(bed, cheat):
     result = await run_cheat(bed, cheat, sandbox="local")
+    assert result.model_patch, f"the cheat never reached the diff: {result.agent_log_tail[-1500:]}"
     check(result, cheat)
-    assert result.model_patch, "the cheat reached the diff"
 
 
 @pytest.mark.parametrize("name", SHORT)
