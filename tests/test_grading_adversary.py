@@ -67,7 +67,12 @@ def check(result, cheat: Cheat) -> None:
         assert result.grading.integrity == "clean"
         assert not {"grading_tampered", "patch_broke_test_run", "protected_files"} & set(codes(result))
     else:
-        assert cheat.expect in codes(result), (cheat.name, codes(result), result.grading.integrity, (result.model_patch or '')[:1500])
+        assert cheat.expect in codes(result), (
+            cheat.name,
+            codes(result),
+            result.grading.integrity,
+            (result.model_patch or "")[:1500],
+        )
     if cheat.expect == "grading_tampered":
         assert result.grading.integrity.startswith("tampered: ")
     if cheat.expect == "patch_broke_test_run":
