@@ -269,7 +269,17 @@ class HFSandbox(SandboxBase):
             except SandboxError:  # already gone, or the job is: nothing left to stop
                 pass
 
-        return RemoteProcess(pid_id, finished, self.read_file, self._run_short, cancel)
+        return RemoteProcess(pid_id, finished, self.read_file, self._run_short, cancel, self._check_running)
+
+    async def _check_running(self) -> None:
+        """SandboxGone when the job is no longer RUNNING, or stops within the Jobs API's lag (a command killed by
+        the sandbox's own shutdown is seen before the job's stage changes)."""
+        for wait in (0.0, STAGE_LAG_S):
+            await asyncio.sleep(wait)
+            stage, message = await asyncio.to_thread(job_stage, self.job_id)
+            if stage not in ("RUNNING", "UNKNOWN"):
+                self._gone = stage_error(self.job_id, "a command", stage, message) + " [killed with its sandbox]"
+                raise SandboxGone(self._gone)
 
     def _command(self, cmd: str) -> str:
         """The shell command as the sandbox runs it (`hf-pool` maps its paths)."""

@@ -54,19 +54,26 @@ class RemoteProcess:
         read: Callable[[str], Awaitable[bytes]],
         run_short: Callable[[str], Awaitable[None]],
         cancel: Callable[[], Awaitable[None]],
+        check_alive: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.pid_id = pid_id
         self._finished, self._read, self._run_short, self._cancel = finished, read, run_short, cancel
+        self._check_alive = check_alive  # raises SandboxGone when the sandbox itself is dying or gone
         self.returncode: int | None = None
 
     async def poll(self) -> int | None:
         if self.returncode is None and await self._finished():
             try:
-                self.returncode = int((await self._read(f"{STATE_DIR}/{self.pid_id}.rc")).strip() or b"137")
+                code = int((await self._read(f"{STATE_DIR}/{self.pid_id}.rc")).strip() or b"137")
             except SandboxGone:  # the sandbox died, not the command: there is no exit code to report
                 raise
             except Exception:  # killed before it could write its exit code
-                self.returncode = 137
+                code = 137
+            if code == 137 and self._check_alive is not None:
+                # SIGKILL: the command's own doing, or its sandbox shutting down (an idle timeout kills every
+                # process, then the server exits): the latter is SandboxGone, never a command that exited 137
+                await self._check_alive()
+            self.returncode = code
         return self.returncode
 
     async def _output(self, name: str) -> str:
