@@ -696,3 +696,36 @@ async def test_host_backend_reaches_capture_only_with_relay(backend, tmp_path):
     finally:
         for s in servers:
             s.close()
+
+
+async def test_a_command_killed_with_its_sandbox_is_sandbox_gone_not_exit_137():
+    """An idle timeout kills every process, then the sandbox server exits: a poll can read the command's 137 before
+    the job leaves RUNNING. Only a 137 asks whether the sandbox still lives; a dead one is SandboxGone."""
+    from swe_gym_env.server.sandbox.errors import SandboxGone
+
+    asked = []
+
+    async def finished() -> bool:
+        return True
+
+    def reads(rc: bytes):
+        async def read(path: str) -> bytes:
+            return rc
+
+        return read
+
+    async def nothing(*_) -> None:
+        return None
+
+    async def dead() -> None:
+        asked.append("dead")
+        raise SandboxGone("HF sandbox job j1 is COMPLETED (its idle timeout fired)")
+
+    async def alive() -> None:
+        asked.append("alive")
+
+    with pytest.raises(SandboxGone, match="COMPLETED"):
+        await remote.RemoteProcess("p", finished, reads(b"137\n"), nothing, nothing, dead).poll()
+    assert await remote.RemoteProcess("p", finished, reads(b"137\n"), nothing, nothing, alive).poll() == 137
+    assert await remote.RemoteProcess("p", finished, reads(b"1\n"), nothing, nothing, dead).poll() == 1
+    assert asked == ["dead", "alive"], "only a kill asks about the sandbox"
