@@ -117,26 +117,30 @@ def sampling_of(turn: Turn) -> tuple[float, int | None, float | None]:
 # the math (torch)
 
 
-def completion_logprobs(
-    model: Any,
-    prompt_ids: list[int],
-    completion_ids: list[int],
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> list[float]:
-    """Logprob of each completion token given everything before it, after the engine's sampling transform."""
+def completion_logits(model: Any, prompt_ids: list[int], completion_ids: list[int]) -> Any:
+    """The model's float logits at the positions that predict each completion token (one forward pass)."""
     import torch  # pyright: ignore[reportMissingImports]
 
-    if not completion_ids:
-        return []
     if not prompt_ids:
         raise ValueError("a turn without prompt ids cannot be scored")
     ids = torch.tensor([[*prompt_ids, *completion_ids]], dtype=torch.long)
     n = len(completion_ids)
     with torch.inference_mode():
         # logits at positions len(prompt)-1 .. L-2 predict the completion tokens: keep n+1 (the last is unused).
-        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
+        return model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
+
+
+def logprobs_of(
+    logits: Any,
+    completion_ids: list[int],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> list[float]:
+    """Logprob of each completion token from `completion_logits`, after the engine's sampling transform."""
+    import torch  # pyright: ignore[reportMissingImports]
+
+    with torch.inference_mode():
         logits = logits / max(temperature, 1e-5) if temperature > 0 else logits
         if top_k is not None and top_k < logits.shape[-1]:
             kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -149,6 +153,21 @@ def completion_logprobs(
         lps = torch.log_softmax(logits, dim=-1)
         target = torch.tensor(completion_ids, dtype=torch.long).unsqueeze(-1)
         return lps.gather(-1, target).squeeze(-1).tolist()
+
+
+def completion_logprobs(
+    model: Any,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> list[float]:
+    """Logprob of each completion token given everything before it, after the engine's sampling transform."""
+    if not completion_ids:
+        return []
+    logits = completion_logits(model, prompt_ids, completion_ids)
+    return logprobs_of(logits, completion_ids, temperature, top_k, top_p)
 
 
 def _stats(captured: list[float], computed: list[float]) -> tuple[float, float, list[float]]:
@@ -193,7 +212,9 @@ def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnP
     if bad:
         why = f"ids outside the model's vocabulary ({vocab}): {bad[:5]} (another tokenizer?)"
         return TurnParity(**base, mean_abs=math.inf, max_abs=math.inf, first_mismatch=None, ok=False, diagnosis=why)
-    computed = completion_logprobs(model, turn.prompt_token_ids, ids, temperature, top_k, top_p)
+    # one forward pass per turn: the raw-logprobs check below reads the same logits at temperature 1.0
+    logits = completion_logits(model, turn.prompt_token_ids, ids) if ids else None
+    computed = [] if logits is None else logprobs_of(logits, ids, temperature, top_k, top_p)
     mean, mx, diffs = _stats(captured, computed)
     first = next((i for i, d in enumerate(diffs) if d > tol.max), None)
     if _within(mean, mx, tol):
@@ -201,8 +222,9 @@ def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnP
     if (k := shift_of(captured, computed, tol)) is not None:
         why = (f"shifted by {k:+d}: the captured logprobs line up with the ids moved by {k:+d} token(s) "
                "(off-by-one between ids and logprobs, or the prompt/completion boundary moved)")  # fmt: skip
-    elif temperature != 1.0 and _within(*_stats(captured, completion_logprobs(
-            model, turn.prompt_token_ids, ids, 1.0))[:2], tol):  # fmt: skip
+    elif (
+        logits is not None and temperature != 1.0 and _within(*_stats(captured, logprobs_of(logits, ids, 1.0))[:2], tol)
+    ):
         why = (f"raw logprobs: the captured values match temperature 1.0, not the turn's {temperature:g} "
                "(serve vLLM with --logprobs-mode processed_logprobs)")  # fmt: skip
     else:

@@ -12,7 +12,8 @@ What it does, per optimizer step:
 2. The captured prompt/completion ids and the engine's processed logprobs go to TRL unchanged (no re-rendering).
 3. `CapturedLogprobGRPOTrainer` makes the behaviour policy the captured one: TRL's `old_per_token_logps` become the
    captured logprobs, so the clipped ratio is pi_theta / pi_vllm (TRL only does this itself when it drives vLLM).
-   It prints the importance ratio exp(trainer - captured) over the trainable tokens before the update.
+   It prints the importance ratio exp(trainer - captured) over the trainable tokens before the update, taken from
+   the forward pass that computes the loss (no extra pass over the batch).
 4. After the step the new weights go into the serving vLLM (`--engine-url`): saved as safetensors, then
    `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` and `POST
    /reset_prefix_cache` (vLLM's dev endpoints, CPU build included). Without `--engine-url` the run is off-policy
@@ -44,31 +45,64 @@ from swe_gym_env.wire import RolloutResult
 
 
 class CapturedLogprobGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose behaviour logprobs are the engine's captured ones (see the module doc, step 3)."""
+    """GRPOTrainer whose behaviour logprobs are the engine's captured ones (see the module doc, step 3).
 
-    step_stats: dict
+    The trainer's own logprobs come from the forward pass that computes the loss (one optimizer step is one batch of
+    rollouts, so every micro-batch of the step runs on the weights the rollouts were sampled from): no extra pass."""
+
+    trained_tokens_total = 0
+    _scoring: dict | None = None  # the micro-batch whose loss is being computed
+    _batch: dict | None = None  # this step's batch: trainable tokens, advantages, trainer - captured per token
+
+    @staticmethod
+    def _trainable(batch: dict) -> torch.Tensor:
+        return (batch["completion_mask"] * batch.get("tool_mask", torch.ones_like(batch["completion_mask"]))).bool()
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
         captured = out.get("sampling_per_token_logps")
         if captured is None:
             raise RuntimeError("no captured logprobs: the rollout_func must return `logprobs`")
-        mask = out["completion_mask"] * out.get("tool_mask", torch.ones_like(out["completion_mask"]))
-        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        with torch.no_grad():
-            trainer_lps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, attention, out["completion_ids"].size(1), batch_size=1
+        # The clipped ratio is taken against the captured (behaviour) logprobs. Positions outside the loss mask get
+        # the trainer's own values in `_get_per_token_logps_and_entropies`, once the loss's forward pass has them.
+        out["old_per_token_logps"] = captured.clone()
+        n = int(self._trainable(out).sum())
+        self.trained_tokens_total += n
+        self._batch = {"trainable_tokens": n, "advantages": [round(float(a), 4) for a in out["advantages"]],
+                       "deltas": []}  # fmt: skip
+        return out
+
+    def _compute_loss(self, model, inputs):
+        self._scoring = inputs
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._scoring = None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        inputs, self._scoring = self._scoring, None  # only the loss's own forward pass, once per micro-batch
+        if inputs is not None and self._batch is not None:
+            trainer_lps, captured, m = out[0].detach(), inputs["sampling_per_token_logps"], self._trainable(inputs)
+            # TRL reads `old_per_token_logps` after this pass (trl 1.16 `_compute_loss`)
+            inputs["old_per_token_logps"] = torch.where(m, captured, trainer_lps)
+            self._batch["deltas"].append((trainer_lps - captured)[m])
+        return out
+
+    @property
+    def step_stats(self) -> dict:
+        """This step's trainable tokens, importance ratio exp(trainer - captured) and |Δ logprob| over them, taken
+        before the update (the step's forward passes), and the advantages."""
+        if self._batch is None:
+            return {}
+        delta = torch.cat(self._batch["deltas"]) if self._batch["deltas"] else torch.zeros(0)
+        ratio, n = torch.exp(delta), int(delta.numel())
+        if n != self._batch["trainable_tokens"]:
+            raise RuntimeError(
+                f"the step's forward passes scored {n} of {self._batch['trainable_tokens']} trainable tokens"
             )
-        m = mask.bool()
-        delta = (trainer_lps - captured)[m]
-        ratio = torch.exp(delta)
-        # The clipped ratio is taken against the captured (behaviour) logprobs; masked positions keep the trainer's.
-        out["old_per_token_logps"] = torch.where(m, captured, trainer_lps)
-        n = int(m.sum())
-        self.trained_tokens_total = getattr(self, "trained_tokens_total", 0) + n
-        self.step_stats = {
-            "trainable_tokens": n,
+        return {
+            "trainable_tokens": self._batch["trainable_tokens"],
             "is_ratio": {
                 "min": round(float(ratio.min()), 5) if n else None,
                 "mean": round(float(ratio.mean()), 5) if n else None,
@@ -78,9 +112,8 @@ class CapturedLogprobGRPOTrainer(GRPOTrainer):
                 "mean": round(float(delta.abs().mean()), 6) if n else None,
                 "max": round(float(delta.abs().max()), 6) if n else None,
             },
-            "advantages": [round(float(a), 4) for a in out["advantages"]],
+            "advantages": self._batch["advantages"],
         }
-        return out
 
 
 def sync_weights(model, engine_url: str, workdir: str) -> float:

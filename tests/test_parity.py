@@ -34,7 +34,7 @@ from swe_gym_env.client.parity import TOLERANCES, load_rollouts, sampling_of, sh
 from swe_gym_env.server.assets import tokenizer_dir
 from swe_gym_env.wire import RolloutResult, RolloutStatus, RolloutSummary, Turn
 
-from helpers import ME, Stack, rows_match_export
+from helpers import ME, MODEL, Stack, rows_match_export
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_PYTHON = REPO / ".trl-venv" / "bin" / "python"
@@ -130,6 +130,15 @@ def _wait_vllm(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 6
         time.sleep(1)
 
 
+def _warm_up(url: str) -> None:
+    """One tiny chat request: vLLM's first one costs ~10x the next (one-time setup in the engine), and on a loaded
+    2-core machine that once took longer than the rollouts' engine certification allows (30 s: `engine unreachable:
+    ReadTimeout` at validate). Paid here, with room, instead of inside the first rollout."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": True}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """vLLM (float32, processed logprobs, dev endpoints for weight reload) + the server + 2 captured rollouts."""
@@ -155,9 +164,12 @@ def live(tmp_path_factory):
     vllm = f"http://127.0.0.1:{port}"
     stack = None
     try:
-        _wait_vllm(vllm, proc, tmp / "vllm.log")
+        # The server starts while vLLM does (it asks nothing of its engine before a rollout): ~60 s of vLLM imports
+        # on one core, the server's start on the other.
         stack = Stack("noop", engine_up=False, server_engine_url=f"{vllm}/v1", env={"SWE_GYM_DATA_DIR": str(tmp)})
         server = f"http://127.0.0.1:{stack.server_port}"
+        _wait_vllm(vllm, proc, tmp / "vllm.log")
+        _warm_up(vllm)
 
         async def capture() -> list[RolloutResult]:
             reqs = [

@@ -7,9 +7,11 @@
   `.trl-venv/bin/python`, where only the light client is installed (no server extra):
   (a) the rollout_func on 2 prompts (a real task, an unknown one), checked against TRL's contract and against the
       captured turns (ids and logprobs exactly as captured);
-  (b) one real `GRPOTrainer` step on CPU (`use_vllm=False`, SmolLM2-135M from the local folder) with that
-      rollout_func and `env_reward_func`: the tensors TRL builds from our output are checked (ids, sampling
-      logprobs, tool mask, advantages, token count), and the loss is printed.
+  (b) one real `GRPOTrainer` step on CPU (`use_vllm=False`, SmolLM2-135M from the local folder, cut to its first 2
+      decoder layers: the oracle's logprobs are placeholders, the trainer's model only shares the vocabulary) with
+      that rollout_func and `env_reward_func`: the tensors TRL builds from our output are checked (ids, sampling
+      logprobs, tool mask, advantages, token count), the optimizer step changes the trained weights, and the loss
+      is printed.
 """
 
 from __future__ import annotations
@@ -186,10 +188,14 @@ SCRIPT = textwrap.dedent(
         shuffle_dataset=False, learning_rate=1e-5, seed=0, dataloader_num_workers=0, gradient_checkpointing=False,
     )
     t = time.monotonic()
-    # 2 cores: train only the last decoder layer and the final norm (the forward pass is the whole model; a full
-    # backward through 30 layers of 2000-token sequences would take minutes). What TRL does with our output is
-    # the same whichever parameters train.
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # The trainer's model only has to share the engine's vocabulary: the built-in engine's logprobs are placeholders,
+    # not this model's, and nothing here compares the two. So SmolLM2-135M's own weights, cut to its first 2 of 30
+    # decoder layers (+ final norm, tied head), and only the last of them and the norm train: every micro-batch is
+    # padded to the longest Pi sequence (~2000 tokens), and the full depth made 4 forward passes the bulk of this
+    # test (~15 s each on 2 cores). What TRL does with our output is the same whatever the depth and whichever
+    # parameters train; the step is as real (forward, loss, backward, optimizer step that changes the weights).
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, num_hidden_layers=2)
+    assert len(model.model.layers) == 2 and model.config.vocab_size == 49152, model.config
     model.requires_grad_(False)
     trained = [*model.model.layers[-1].parameters(), *model.model.norm.parameters()]
     for p in trained:
