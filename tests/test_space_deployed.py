@@ -175,10 +175,10 @@ def status(space: Space, rid: str) -> dict:
     return r.json() if r.status_code == 200 else {}
 
 
-def in_agent_with_turns(space: Space, rid: str) -> bool:
+def in_agent_with_turns(space: Space, rid: str, phases: tuple[str, ...] = ("agent",)) -> bool:
     s = status(space, rid)
     summary = s.get("summary") or {}
-    return s.get("state") == "running" and summary.get("phase") == "agent" and (summary.get("turns") or 0) >= 1
+    return s.get("state") == "running" and summary.get("phase") in phases and (summary.get("turns") or 0) >= 1
 
 
 # -- item 4: a fresh Space says what it can run ---------------------------------------------------------------------
@@ -322,8 +322,13 @@ async def test_server_killed_mid_rollout_and_restarted(space, hf_emulator):
     rids = {sandbox: uuid.uuid4().hex for sandbox in ("hf", "hf-pool")}
     running = [asyncio.create_task(rollout(space, rollout_id=rid, sandbox=b)) for b, rid in rids.items()]
     try:
-        for rid in rids.values():
-            await until(lambda rid=rid: in_agent_with_turns(space, rid), 300, "the agent's first turn")
+        # both at once, anywhere from their first turn to their grade (one at a time missed the second's agent
+        # phase on a quiet machine: it had finished while the first was awaited)
+        await until(
+            lambda: all(in_agent_with_turns(space, rid, ("agent", "diff", "grade")) for rid in rids.values()),
+            300,
+            "both rollouts past the agent's first turn",
+        )
         await asyncio.to_thread(docker, "kill", space.name)
         await asyncio.gather(*running, return_exceptions=True)  # the callers see their connection drop
         await asyncio.to_thread(docker, "start", space.name)
