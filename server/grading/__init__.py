@@ -457,7 +457,7 @@ def diagnose(log: str) -> str:
     return ""
 
 
-def _report(task: Task, plan: Plan, environment: str, log: str, **fields) -> TestReport:
+def _report(plan: Plan, environment: str, log: str, **fields) -> TestReport:
     return TestReport(
         log_tail=log[-4000:], graded_by=plan.graded_by, parser=plan.parser, environment=environment, **fields
     )
@@ -466,7 +466,6 @@ def _report(task: Task, plan: Plan, environment: str, log: str, **fields) -> Tes
 def _failed_report(task: Task, plan: Plan, environment: str, log: str, integrity_: str) -> TestReport:
     """Every listed test failed: the run the patch broke or tampered with reported nothing we can trust."""
     return _report(
-        task,
         plan,
         environment,
         log,
@@ -568,7 +567,6 @@ def score_log(
     return Grade(
         reward=1.0 if resolution == "RESOLVED_FULL" else 0.0,
         report=_report(
-            task,
             plan,
             environment,
             log,
@@ -636,7 +634,7 @@ async def _run_tests(
     spec,
     timeout_s: float,
     clock: _Clock,
-) -> tuple[Run, Guarded | None]:
+) -> Run:
     guard = Guarded.new(junit=plan.cross_check == "node_ids") if plan.cross_check != "not_pytest" else None
     sbx = await make_sandbox()
     clock.lap("grade.sandbox")
@@ -684,8 +682,7 @@ async def _run_tests(
         await sbx.close()
         clock.lap("grade.close")
     log = res.stdout + "\n" + res.stderr
-    run = Run(log, res.timed_out, timeout_s, duration, environment, junit, junit_error, record, junit_bytes)
-    return run, guard
+    return Run(log, res.timed_out, timeout_s, duration, environment, junit, junit_error, record, junit_bytes)
 
 
 def judge(task: Task, run: Run, swebench, plan: Plan, touched: set[str]) -> Grade:
@@ -734,7 +731,7 @@ async def grade(
     touched = {p for _, section in split_patch(patch) for p in integrity.section_paths(section)}
     key = _task_key(task, cache_key)
     clock.lap("grade.imports")
-    run, _ = await _run_tests(task, patch, make_sandbox, plan, spec, test_timeout(task, timeout_s, cache_key), clock)
+    run = await _run_tests(task, patch, make_sandbox, plan, spec, test_timeout(task, timeout_s, cache_key), clock)
     try:
         g = judge(task, run, swebench, plan, touched)
     except BrokenRun as e:
@@ -776,7 +773,7 @@ async def _baseline(task, make_sandbox, swebench, plan, spec, timeout_s, key, cl
 
 async def _run_baseline(task, make_sandbox, swebench, plan, spec, timeout_s, key, clock) -> str | None:
     t = time.monotonic()
-    run, _ = await _run_tests(task, "", make_sandbox, plan, spec, timeout_s, _Clock(None))
+    run = await _run_tests(task, "", make_sandbox, plan, spec, timeout_s, _Clock(None))
     try:
         judge(task, run, swebench, plan, set())
         why = None
