@@ -729,3 +729,17 @@ async def test_a_command_killed_with_its_sandbox_is_sandbox_gone_not_exit_137():
     assert await remote.RemoteProcess("p", finished, reads(b"137\n"), nothing, nothing, alive).poll() == 137
     assert await remote.RemoteProcess("p", finished, reads(b"1\n"), nothing, nothing, dead).poll() == 1
     assert asked == ["dead", "alive"], "only a kill asks about the sandbox"
+
+
+def test_cloud_sandbox_own_timeout_floor_is_a_setting(monkeypatch) -> None:
+    from swe_gym_env.server.sandbox.remote import OWN_TIMEOUT_FLOOR_ENV, own_timeout_s
+
+    monkeypatch.delenv(OWN_TIMEOUT_FLOOR_ENV, raising=False)
+    assert own_timeout_s(5) == 60 and own_timeout_s(600.2) == 601
+    monkeypatch.setenv(OWN_TIMEOUT_FLOOR_ENV, "8")
+    assert own_timeout_s(5) == 8 and own_timeout_s(30) == 30
+    monkeypatch.setenv(OWN_TIMEOUT_FLOOR_ENV, "0")
+    assert own_timeout_s(0.1) == 1
+    monkeypatch.setenv(OWN_TIMEOUT_FLOOR_ENV, "a minute")
+    with pytest.raises(ValueError, match="SWE_GYM_REMOTE_TIMEOUT_FLOOR_S='a minute'"):
+        own_timeout_s(5)

@@ -216,9 +216,11 @@ def test_idle_timeout_is_named(emu):
         emu,
         """
         async def main():
-            spec = SandboxSpec(image=IMAGE, deadline_s=60)  # the sandbox's idle timeout: 60 s
+            # the real idle timer, made short by the floor's setting (60 s by default): 8 s
+            os.environ["SWE_GYM_REMOTE_TIMEOUT_FLOOR_S"] = "8"
+            spec = SandboxSpec(image=IMAGE, deadline_s=8)
             sbxs = await asyncio.gather(create_sandbox("hf", spec), create_sandbox("hf-pool", spec))
-            await asyncio.sleep(100)
+            await asyncio.sleep(20)
             for name, sbx in zip(("hf", "pool"), sbxs):
                 sbx.expires_at = time.time() + 600  # past its deadline the base refuses before asking
                 try:

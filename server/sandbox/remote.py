@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import shlex
 import time
 import uuid
@@ -21,10 +22,19 @@ POLL_S = 1.0  # the longest wait between polls; the first comes after FIRST_POLL
 FIRST_POLL_S = 0.05
 
 
+OWN_TIMEOUT_FLOOR_ENV = "SWE_GYM_REMOTE_TIMEOUT_FLOOR_S"
+
+
 def own_timeout_s(deadline_s: float) -> int:
-    """A cloud sandbox's own limit (HF idle timeout, E2B lifetime): the rollout's deadline, at least a minute, so a
-    sandbox whose server is gone shuts itself down within one deadline."""
-    return max(60, math.ceil(deadline_s))
+    """A cloud sandbox's own limit (HF idle timeout, E2B lifetime): the rollout's deadline, at least a minute (the
+    floor is ``SWE_GYM_REMOTE_TIMEOUT_FLOOR_S``, 60 by default, 1 at least), so a sandbox whose server is gone shuts
+    itself down within one deadline."""
+    raw = os.environ.get(OWN_TIMEOUT_FLOOR_ENV, "60")
+    try:
+        floor = max(1, int(raw))
+    except ValueError:
+        raise ValueError(f"{OWN_TIMEOUT_FLOOR_ENV}={raw!r} is not a whole number of seconds") from None
+    return max(floor, math.ceil(deadline_s))
 
 
 def detached(script: str, left: float, with_stdin: bool) -> tuple[str, str]:
