@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -32,7 +33,7 @@ from swe_gym_env.server.sandbox.hf_pool import close_pools
 from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.server.sandbox.registry import reap_forever
-from swe_gym_env.server.security import BodySizeLimit
+from swe_gym_env.server.security import BodySizeLimit, access_mode, lock_reason
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.wire import RolloutStatus
 
@@ -85,9 +86,13 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if (locked := lock_reason()) is not None:  # an exposed server with no secret: say which one to set
+            print(f"swe-gym-env serve: {locked}", file=sys.stderr, flush=True)
         service.recover()
         if capture.store is not None:
             capture.store.abandon_open()  # sessions a dead server left open stay readable, marked abandoned
+        await asyncio.to_thread(service.retention.prepare)  # the capture store gives deleted pages back
+        retention = asyncio.create_task(service.retention.run_forever())  # and after each finished rollout
         reap_orphans(CAPTURE_DIR_PREFIX)
         sock_dir = owned_dir(CAPTURE_DIR_PREFIX)
         os.chmod(sock_dir, 0o700)
@@ -104,6 +109,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         finally:
             warm.cancel()
             reaper.cancel()
+            retention.cancel()
+            await service.retention.aclose()
             await asyncio.to_thread(close_pools)  # hf-pool: cancel the pool hosts this process started
             await asyncio.gather(_stop(uds), _stop(tcp))
             await capture.aclose()
@@ -127,6 +134,9 @@ def create_app(config: ServerConfig) -> FastAPI:
           `in_flight` the rollouts running or queued on it, `free` = max(0, max_rollouts - in_flight); all three 0
           but `in_flight` when no backend is usable. `by_sandbox`: the same for each usable backend.
         - `engine`: only when the server runs the built-in engine (no engine configured): it is NOT a model.
+        - `access`: `mode` is `token` (an access token guards starting work), `open`, or `locked` (reachable from
+          outside with no secret configured: work and admin routes refused; `notice` says which secret to set).
+        - `disk`: what the results store and the capture store hold, their limits, and the data disk's free space.
         """
         sandboxes = await probe_all()
         default = resolved(sandboxes)
@@ -147,6 +157,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             "sandboxes": sandboxes,
             "default_sandbox": default,
             "capacity": {**capacity, "by_sandbox": {n: slots(n) for n, r in sandboxes.items() if r["usable"]}},
+            # token | open | locked (exposed with no secret: `notice` names the secret to set)
+            "access": {"mode": access_mode(), "notice": lock_reason()},
+            "disk": await asyncio.to_thread(service.retention.usage),
         }
         if (builtin := builtin_engine()) is not None:
             out["engine"] = builtin

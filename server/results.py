@@ -2,61 +2,272 @@
 
 `<id>.running` is written when a rollout starts and replaced by `<id>.json` (written atomically) when it ends.
 After a crash, `recover()` turns every `.running` left behind into a failed result.
+
+Listings come from an index (`.index.sqlite` beside the results: one row per stored result with its summary, when it
+finished and its size), kept on every put and delete, never from a scan of the files. It is a cache of the files: a
+missing, corrupt or older-format index is rebuilt from them, and `reconcile` (at startup and on each retention pass:
+one directory listing, no stat or parse of known files) adds files the index lacks and drops rows whose file is gone.
+
+Finished results are not kept in memory: `get` reads from disk, through a small LRU cache bounded in count and bytes.
+
+A write that fails (a full disk above all) changes nothing: the result file is written to a temporary file and renamed,
+and a result whose index row cannot be written is removed again, so the files and the index stay consistent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import sqlite3
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
 from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutSummary, failed_result
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: nothing that could leave the dir
+INDEX_NAME = ".index.sqlite"
+INDEX_VERSION = 1  # PRAGMA user_version of the index; another value: rebuilt from the files
+CACHE_ITEMS = 16  # finished results kept parsed in memory (most recently used)
+CACHE_BYTES = 64 * 1024 * 1024  # ... and at most this much of their JSON
+
+INDEX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    id TEXT PRIMARY KEY,
+    finished REAL NOT NULL,   -- when it was stored (unix time)
+    bytes INTEGER NOT NULL,   -- size of its file
+    summary TEXT NOT NULL     -- RolloutSummary JSON
+);
+CREATE INDEX IF NOT EXISTS results_finished ON results (finished);
+"""
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether an error means the disk (or a quota, or a file size limit) has no room left."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    if isinstance(e, sqlite3.Error):
+        return "full" in str(e).lower()  # SQLITE_FULL: "database or disk is full"
+    return False
 
 
 class ResultsStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cache_items: int = CACHE_ITEMS, cache_bytes: int = CACHE_BYTES) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self.cache_items, self.cache_bytes = cache_items, cache_bytes
+        self._cache: OrderedDict[str, tuple[RolloutResult, int]] = OrderedDict()
+        self._cached_bytes = 0
+        self._lock = threading.RLock()  # the event loop writes, a retention pass (a thread) deletes
+        self._unindexed: set[str] = set()  # deleted files whose row could not go yet (a full disk): never listed
+        self.db = self._open_index()
+        self.reconcile()
 
-    def _write(self, path: Path, text: str) -> None:
+    # -- the index ------------------------------------------------------------------------------------------------
+    def _open_index(self) -> sqlite3.Connection:
+        path = self.root / INDEX_NAME
+        try:
+            db = self._connect(path)
+            ok = db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+            if ok and db.execute("PRAGMA user_version").fetchone()[0] == INDEX_VERSION:
+                return db
+            db.close()
+        except sqlite3.DatabaseError:
+            pass
+        for suffix in ("", "-wal", "-shm"):  # corrupt or another format: rebuilt from the files by reconcile
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        db = self._connect(path)
+        db.execute(f"PRAGMA user_version = {INDEX_VERSION}")
+        return db
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(INDEX_SCHEMA)
+        return db
+
+    def _file_ids(self) -> set[str]:
+        with os.scandir(self.root) as it:
+            return {e.name[:-5] for e in it if e.name.endswith(".json") and not e.name.startswith(".")}
+
+    def reconcile(self) -> dict[str, int]:
+        """Make the index match the files: one directory listing; only files the index lacks are parsed."""
+        with self._lock:
+            self._flush_deletes()
+            files = self._file_ids()
+            indexed = {r[0] for r in self.db.execute("SELECT id FROM results")}
+            gone = [i for i in indexed - files if not (self.root / f"{i}.json").exists()]
+            for rid in gone:
+                self.db.execute("DELETE FROM results WHERE id = ?", (rid,))
+        added = 0
+        for rid in sorted(files - indexed):
+            path = self.root / f"{rid}.json"
+            try:
+                st = path.stat()
+                summary = RolloutSummary.of_result(RolloutResult.model_validate_json(path.read_bytes()))
+            except (OSError, ValueError):
+                continue  # vanished, or not a result: never listed (as before the index)
+            with self._lock:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?)",
+                    (rid, st.st_mtime, st.st_size, summary.model_dump_json()),
+                )
+            added += 1
+        return {"added": added, "dropped": len(gone)}
+
+    # -- writing --------------------------------------------------------------------------------------------------
+    def _write(self, path: Path, data: bytes) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a partial write never stays behind, nor takes the disk
+            raise
 
     def mark_running(self, rollout_id: str, req: RolloutRequest, phase: Phase = "validate") -> None:
         """Written at the start and again at each phase, so a restart can say where a rollout was cut short."""
         body = {"rollout_id": rollout_id, "request": req.model_dump(mode="json"), "phase": phase, "at": time.time()}
-        self._write(self.root / f"{rollout_id}.running", json.dumps(body))
+        self._write(self.root / f"{rollout_id}.running", json.dumps(body).encode())
 
-    def put(self, result: RolloutResult) -> None:
-        self._write(self.root / f"{result.rollout_id}.json", result.model_dump_json())
-        (self.root / f"{result.rollout_id}.running").unlink(missing_ok=True)
+    def put(self, result: RolloutResult) -> int:
+        """Store a finished result (file and index row, or neither: raises). Returns its size in bytes."""
+        data = result.model_dump_json().encode()
+        summary = RolloutSummary.of_result(result).model_dump_json()
+        rid = result.rollout_id
+        path = self.root / f"{rid}.json"
+        with self._lock:
+            self._flush_deletes()
+            self._write(path, data)
+            self._unindexed.discard(rid)
+            try:
+                self.db.execute(
+                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", (rid, time.time(), len(data), summary)
+                )
+            except sqlite3.Error:
+                path.unlink(missing_ok=True)  # no row, no file: the index stays the truth of what is listed
+                raise
+            (self.root / f"{rid}.running").unlink(missing_ok=True)
+            self._remember(rid, result, len(data))
+        return len(data)
 
+    def delete(self, rollout_id: str) -> int:
+        """Remove a stored result (the file first: on a full disk that is what frees room). Returns bytes freed."""
+        with self._lock:
+            path = self.root / f"{rollout_id}.json"
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                size = 0
+            self._forget(rollout_id)
+            self._unindexed.add(rollout_id)
+            self._flush_deletes()
+            return size
+
+    def _flush_deletes(self) -> None:
+        """Drop the rows of deleted results (on a full disk the index may not take even a delete: retried later)."""
+        for rid in list(self._unindexed):
+            try:
+                self.db.execute("DELETE FROM results WHERE id = ?", (rid,))
+            except sqlite3.Error:
+                return
+            self._unindexed.discard(rid)
+
+    # -- the cache ------------------------------------------------------------------------------------------------
+    def _remember(self, rid: str, result: RolloutResult, size: int) -> None:
+        self._forget(rid)
+        if size > self.cache_bytes or self.cache_items <= 0:
+            return
+        self._cache[rid] = (result, size)
+        self._cached_bytes += size
+        while len(self._cache) > self.cache_items or self._cached_bytes > self.cache_bytes:
+            _, (_, n) = self._cache.popitem(last=False)
+            self._cached_bytes -= n
+
+    def _forget(self, rid: str) -> None:
+        if (old := self._cache.pop(rid, None)) is not None:
+            self._cached_bytes -= old[1]
+
+    def cache_usage(self) -> tuple[int, int]:
+        """(results, bytes of their JSON) held in the cache."""
+        return len(self._cache), self._cached_bytes
+
+    # -- reading --------------------------------------------------------------------------------------------------
     def get(self, rollout_id: str) -> RolloutResult | None:
         if not ROLLOUT_ID.fullmatch(rollout_id):
             return None
+        with self._lock:
+            if (hit := self._cache.get(rollout_id)) is not None:
+                self._cache.move_to_end(rollout_id)
+                return hit[0]
         path = self.root / f"{rollout_id}.json"
-        if not path.is_file():
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
             return None
-        return RolloutResult.model_validate_json(path.read_text())
+        result = RolloutResult.model_validate_json(data)
+        with self._lock:
+            if path.exists():  # not deleted meanwhile
+                self._remember(rollout_id, result, len(data))
+        return result
 
     def summaries(self, limit: int = 100) -> list[RolloutSummary]:
-        paths = sorted(self.root.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
+        with self._lock:
+            self._flush_deletes()
+            skip = set(self._unindexed)
+            rows = self.db.execute(
+                "SELECT id, summary FROM results ORDER BY finished DESC LIMIT ?", (limit + len(skip),)
+            ).fetchall()
         out = []
-        for p in paths:
-            try:
-                out.append(RolloutSummary.of_result(RolloutResult.model_validate_json(p.read_text())))
-            except ValueError:
+        for rid, summary in rows:
+            if rid in skip or len(out) >= limit:
                 continue
+            with contextlib.suppress(ValueError):
+                out.append(RolloutSummary.model_validate_json(summary))
         return out
 
+    def usage(self) -> tuple[int, int]:
+        """(results stored, their bytes), from the index."""
+        with self._lock:
+            n, total = self.db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM results").fetchone()
+        return int(n), int(total)
+
+    def oldest(self, batch: int = 256) -> Iterator[tuple[str, float, int]]:
+        """(id, finished, bytes) of stored results, oldest first (read in batches: deleting while iterating is fine)."""
+        after: tuple[float, str] = (float("-inf"), "")
+        while True:
+            with self._lock:
+                rows = self.db.execute(
+                    "SELECT id, finished, bytes FROM results WHERE (finished, id) > (?, ?) "
+                    "ORDER BY finished, id LIMIT ?",
+                    (after[0], after[1], batch),
+                ).fetchall()
+            if not rows:
+                return
+            yield from rows
+            after = (rows[-1][1], rows[-1][0])
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    # -- after a crash --------------------------------------------------------------------------------------------
     def recover(self) -> list[str]:
-        """Mark rollouts that were running when the server stopped as failed; returns their ids."""
+        """Mark rollouts that were running when the server stopped as failed; returns their ids. Also removes
+        temporary files a dead process left half-written."""
+        for path in self.root.glob(".*.tmp"):
+            if not path.name.endswith(f".{os.getpid()}.tmp"):
+                path.unlink(missing_ok=True)
         recovered = []
         for path in self.root.glob("*.running"):
             try:

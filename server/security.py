@@ -4,9 +4,16 @@ Everything comes from the environment (on a Space: Space variables and secrets).
 time and are never logged, returned or put in a tool schema. When no access token is configured (a local,
 loopback-only server) starting work is open.
 
+A server reachable from outside (bound to anything but loopback, ``SWE_GYM_BIND_HOST``, which ``serve`` sets from
+``--host``; or running on a Space, ``SPACE_ID``) with neither secret configured is *locked*: starting work and the
+admin routes are refused, naming the secret to set, unless ``SWE_GYM_OPEN_ACCESS=1`` asks for an open server on
+purpose (``push --open`` writes it as a Space variable). A Space duplicated in the browser never runs as an open relay.
+
 - ``SWE_GYM_ACCESS_TOKEN``: needed to start work (run_rollout over MCP and /ws, cancel, UI runs).
 - ``SWE_GYM_ADMIN_KEY``: needed for admin routes (capture sessions); it also grants access. With an access token
   but no admin key, admin routes are closed.
+- ``SWE_GYM_OPEN_ACCESS=1``: an exposed server with neither secret is open (anyone may start work and administer).
+- ``SWE_GYM_BIND_HOST``: the address the server listens on (``serve`` sets it); unset means loopback.
 - ``SWE_GYM_ENGINE_URL_ALLOWLIST``: comma-separated URL prefixes a caller may name as ``engine_url`` (scheme, host
   and port must match exactly, the path on a segment boundary); ``*`` allows any. ``SWE_GYM_ALLOW_ENGINE_URLS=1``
   is the older spelling of ``*``. Empty: only the server's named engines.
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import math
 import os
 import threading
@@ -44,6 +52,9 @@ ALLOWLIST_ENV = "SWE_GYM_ENGINE_URL_ALLOWLIST"
 LEGACY_ALLOW_ENV = "SWE_GYM_ALLOW_ENGINE_URLS"
 RATE_ENV = "SWE_GYM_RATE_LIMIT_PER_MIN"
 MAX_BODY_ENV = "SWE_GYM_MAX_REQUEST_BYTES"
+OPEN_ENV = "SWE_GYM_OPEN_ACCESS"
+BIND_ENV = "SWE_GYM_BIND_HOST"
+SPACE_ENV = "SPACE_ID"  # set by Hugging Face on every Space
 DEFAULT_RATE_WITH_TOKEN = 60
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 ACCESS_REFUSED = "access token required: send `Authorization: Bearer <token>` (the Space secret SWE_GYM_ACCESS_TOKEN)"
@@ -51,6 +62,52 @@ ACCESS_REFUSED = "access token required: send `Authorization: Bearer <token>` (t
 
 def _configured(name: str) -> str | None:
     return os.environ.get(name) or None
+
+
+def _loopback(host: str) -> bool:
+    host = host.strip().strip("[]").lower()
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.endswith(".localhost")
+
+
+def exposure() -> str | None:
+    """Why this server is reachable from outside (a Space, or bound to a non-loopback address), or None."""
+    if os.environ.get(SPACE_ENV):
+        return f"running on a Space ({SPACE_ENV} is set)"
+    host = os.environ.get(BIND_ENV, "")
+    if not _loopback(host):
+        return f"listening on {host}, not on loopback only"
+    return None
+
+
+def open_on_purpose() -> bool:
+    return os.environ.get(OPEN_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def lock_reason() -> str | None:
+    """Why starting work and the admin routes are refused to everyone (an exposed server with no secret and no
+    explicit openness), naming the secret to set; None when the server is not locked."""
+    if _configured(ACCESS_ENV) or _configured(ADMIN_ENV) or open_on_purpose():
+        return None
+    why = exposure()
+    if why is None:
+        return None
+    return (
+        f"this server is locked: it is {why} and has no secret configured. Set the secret {ACCESS_ENV} (who may "
+        f"start rollouts) and {ADMIN_ENV} (capture-session admin routes), or {OPEN_ENV}=1 to run it open to anyone "
+        "on purpose"
+    )
+
+
+def access_mode() -> str:
+    """How this server guards starting work, for /health and the startup log: ``token`` | ``open`` | ``locked``."""
+    if _configured(ACCESS_ENV):
+        return "token"
+    return "locked" if lock_reason() else "open"
 
 
 def _same(presented: str | None, expected: str) -> bool:
@@ -62,15 +119,16 @@ def admin_ok(presented: str | None) -> bool:
     token either): a deployment that guards work but forgot the admin key keeps its admin routes closed."""
     expected = _configured(ADMIN_ENV)
     if expected is None:
-        return not access_required()
+        return not access_required() and lock_reason() is None
     return _same(presented, expected)
 
 
 def access_ok(presented: str | None) -> bool:
-    """True when no access token is configured, or ``presented`` is the access token or the admin key."""
+    """True when no access token is configured (and the server is not locked: ``lock_reason``), or ``presented`` is
+    the access token or the admin key."""
     token, admin = _configured(ACCESS_ENV), _configured(ADMIN_ENV)
     if token is None:
-        return True
+        return lock_reason() is None
     return _same(presented, token) or (admin is not None and _same(presented, admin))
 
 
@@ -227,6 +285,8 @@ def start_refusal(
     another site is refused first; then the access token; then the rate limit per key (strangers get no bucket)."""
     if headers is not None and (why := cross_site_reason(headers, scheme)) is not None:
         return why
+    if (locked := lock_reason()) is not None:
+        return locked
     if not access_ok(presented):
         return ACCESS_REFUSED
     lim = limiter()
@@ -334,4 +394,5 @@ def require_admin(authorization: str | None) -> None:
     from fastapi import HTTPException
 
     if not admin_ok(bearer(authorization)):
-        raise HTTPException(401, "admin key required", headers={"WWW-Authenticate": "Bearer"})
+        detail = lock_reason() or "admin key required"
+        raise HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})

@@ -7,7 +7,8 @@ What it sends, in order (``--dry-run`` prints exactly this, secret values redact
 2. ``add_space_secret`` for each credential found in *this* process's environment (never from the command line):
    the access token (generated when missing, unless ``--open``), the admin key, the engine key, and with
    ``--hf-sandboxes`` an HF token for sandboxes;
-3. ``add_space_variable`` for each configuration value (environment or ``--var KEY=VALUE``);
+3. ``add_space_variable`` for each configuration value (environment or ``--var KEY=VALUE``), and with ``--open``
+   (no access token) ``SWE_GYM_OPEN_ACCESS=1``: a Space with no secret is otherwise locked (server/security.py);
 4. ``upload_folder`` of the project (tracked files, without tests) with the Space README (front matter from
    space_app/README.md, then the project README) and ``delete_patterns=["*"]`` so the Space mirrors the project;
 5. ``request_space_hardware`` when ``--hardware`` is given.
@@ -51,6 +52,7 @@ VARIABLES = (
     "SWE_GYM_VLLM_MODEL",
     "SWE_GYM_VLLM_TOOL_PARSER",
 )
+OPEN_VARIABLE = "SWE_GYM_OPEN_ACCESS"  # `--open`: a Space with no secret is open on purpose, not locked
 SECRET_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 EXCLUDE_TOP = {"tests", ".github", ".ci", "artifacts", "build"}
 
@@ -180,7 +182,7 @@ def build_plan(
             notes.append("no SWE_GYM_ACCESS_TOKEN in the environment: a new one is generated")
         if value is None:
             if name == "SWE_GYM_ACCESS_TOKEN":
-                notes.append("--open: anyone may start rollouts on this Space")
+                notes.append(f"--open: anyone may start rollouts on this Space ({OPEN_VARIABLE}=1 is set)")
             elif name == HF_SANDBOX_SECRET[0]:
                 raise PushError("--hf-sandboxes needs an HF token in SWE_GYM_SPACE_HF_TOKEN or HF_TOKEN")
             continue
@@ -188,6 +190,9 @@ def build_plan(
         calls.append(Call("add_space_secret", kwargs, secret=True))
     variables = {k: env[k] for k in VARIABLES if env.get(k)}
     variables.update(_parse_vars(extra_vars or []))
+    if open_access and not any(c.kwargs.get("key") == "SWE_GYM_ACCESS_TOKEN" for c in calls):
+        # openness asked for explicitly: without it, a Space with no secret refuses work (server/security.py)
+        variables[OPEN_VARIABLE] = "1"
     for key in sorted(variables):
         calls.append(Call("add_space_variable", {"repo_id": repo_id, "key": key, "value": variables[key]}))
     names = project_files(root) if files is None else files

@@ -13,7 +13,7 @@ from swe_gym_env import names
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.tasks.catalog import bundled_tasks
 
-from helpers import Stack
+from helpers import Stack, check_result_form, full_turns
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 TOOLS = {"run_rollout", "list_tasks", "get_task", "get_rollout", "list_rollouts", "cancel_rollout", "capabilities"}
@@ -83,8 +83,10 @@ async def test_engine_url_and_sampling_overrides_only_where_allowed(stack, tmp_p
         s.stop()
     assert not named.ok and "engine unreachable" in named.error
     assert result.ok and result.reward == 1.0, result.error
+    check_result_form(result)
     assert all(
-        t.request["temperature"] == 0.3 and t.request["top_p"] == 0.9 and t.request["seed"] == 7 for t in result.turns
+        t.request["temperature"] == 0.3 and t.request["top_p"] == 0.9 and t.request["seed"] == 7
+        for t in full_turns(result)
     )
     assert by_http["state"] == "finished" and by_http["result"]["rollout_id"] == result.rollout_id
     assert missing.status_code == 404
@@ -200,8 +202,9 @@ async def test_32_concurrent_rollouts_each_with_its_own_turns(tmp_path):
     assert len({r.rollout_id for r in results}) == 32
     by_id = {t.instance_id: t for t in tasks}
     for r in results:  # every captured turn carries its own task's problem statement, no one else's
+        check_result_form(r)
         statement = by_id[r.instance_id].problem_statement
-        for turn in r.turns:
+        for turn in full_turns(r):
             text = json.dumps(turn.request["messages"])
             assert json.dumps(statement)[1:60] in text
             others = [t for t in tasks if t.instance_id != r.instance_id]

@@ -21,6 +21,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoUrl, SpaceInfo
 
 from swe_gym_env.cli import free_port
+from swe_gym_env.result_form import request_of
 from swe_gym_env.space_app import push as push_mod
 from swe_gym_env.space_app.push import push
 
@@ -274,6 +275,10 @@ def test_space_image_builds_and_answers_health(space_image):
         logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True).stdout
         assert health is not None and health.status_code == 200, logs[-3000:]
         assert health.json()["status"] == "healthy"
+        # no secret, on all interfaces (a Space duplicated in the browser): locked, saying which secret to set
+        assert (
+            health.json()["access"]["mode"] == "locked" and "SWE_GYM_ACCESS_TOKEN" in health.json()["access"]["notice"]
+        )
         uid = subprocess.run(["docker", "exec", name, "id", "-u"], capture_output=True, text=True, timeout=30)
         assert uid.stdout.strip() == "1000"
         tools = subprocess.run(
@@ -372,7 +377,7 @@ def test_serve_vllm_model_makes_vllm_the_default_engine(tmp_path, need_pi):
         assert result.phase != "validate", result.error
         assert result.capture_level == "tokens" and result.logprobs_mode == "processed", result
         assert result.turns and all(len(t.completion_token_ids) == len(t.logprobs) > 0 for t in result.turns)
-        assert all(t.request["model"] == MODEL for t in result.turns)
+        assert all(request_of(result, t.index)["model"] == MODEL for t in result.turns)
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(60)

@@ -289,6 +289,7 @@ def fresh_space(space_image, tmp_path):
     engine and no sandbox configured; its base URL."""
     port, name = procs.free_port(), f"swe-gym-fresh-space-{os.getpid()}"
     argv = ["docker", "run", "--rm", "--name", name, "--user", "1000", "--network", "host", "-e", f"PORT={port}"]
+    argv += ["-e", "SWE_GYM_OPEN_ACCESS=1"]  # as `push --open` makes it: with no secret, a Space is otherwise locked
     with open(tmp_path / "space.log", "w") as log:
         proc = subprocess.Popen([*argv, space_image], stdout=log, stderr=log)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from swe_gym_env.names import SANDBOXES
 from swe_gym_env.server.capture import EngineTarget
+from swe_gym_env.server.retention import RetentionSettings, parse_bytes
 from swe_gym_env.server.security import engine_allowlist
 
 
@@ -45,6 +46,11 @@ class ServerConfig:
     # a harness, the pypi split or a task venv a rollout needs and this server lacks is installed on first use (else:
     # refused at validate, naming the command that installs it); $SWE_GYM_INSTALL_ON_USE, server/agents/provision.py
     install_on_use: bool = True
+    # what the results store and the capture store may keep (age, bytes, free-space floor): server/retention.py
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
+    # finished results kept parsed in memory (the rest are read from disk on demand): count, and bytes of their JSON
+    result_cache_items: int = 16
+    result_cache_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -69,4 +75,7 @@ class ServerConfig:
             concurrency=concurrency_from_env(),
             allow_engine_urls=engine_allowlist(),
             install_on_use=install_on_use_from_env(),
+            retention=RetentionSettings.from_env(),
+            result_cache_items=int(os.environ.get("SWE_GYM_RESULT_CACHE_ITEMS") or 16),
+            result_cache_bytes=parse_bytes(os.environ.get("SWE_GYM_RESULT_CACHE_BYTES") or "64M"),
         )

@@ -4,18 +4,26 @@ same `subscribe`).
 
 `run` never raises into its caller: every failure is a result with `ok=False`, the phase it happened in and a
 specific error.
+
+Memory: with a results store, a finished rollout leaves the registry at once; its summary is in the store's index and
+its result on disk (read back through the store's small cache). Only a result that could not be stored (a full disk:
+``ok=False``, an error starting "disk full") stays in memory, at most ``KEEP_UNSTORED`` of them. Without a store (an
+in-process pipeline) finished rollouts stay in the registry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 
 from swe_gym_env.server.capture import CaptureProxy
-from swe_gym_env.server.results import ResultsStore
+from swe_gym_env.server.results import ResultsStore, disk_full
+from swe_gym_env.server.retention import Retention
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.pipeline import Pipeline
@@ -34,18 +42,24 @@ from swe_gym_env.wire import (
 )
 
 Notify = Callable[[str], Awaitable[None]]
-KEEP_FINISHED = 256  # finished rollouts kept in memory; all of them are in the results store
+KEEP_UNSTORED = 256  # finished rollouts whose result could not be stored (disk full), kept in memory
 
 
 class RolloutService:
     def __init__(self, config: ServerConfig, capture: CaptureProxy) -> None:
         self.config = config
         self.capture = capture
-        self.store = ResultsStore(config.results_dir) if config.results_dir else None
+        self.store = (
+            ResultsStore(config.results_dir, config.result_cache_items, config.result_cache_bytes)
+            if config.results_dir
+            else None
+        )
         self.rollouts: dict[str, RolloutRecord] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self.engines = Engines(config)
         self.pipeline = Pipeline(config, capture, self.engines)
+        busy = lambda: {r.rollout_id for r in self.live()}  # noqa: E731
+        self.retention = Retention(config.retention, self.store, capture.store, busy=busy)
 
     # -- front door -------------------------------------------------------------------------------------------
     def submit(self, req: RolloutRequest) -> RolloutRecord:
@@ -79,8 +93,13 @@ class RolloutService:
             return rec
         if self.store is not None:
             store = self.store
-            store.mark_running(rid, req)
-            rec.on_phase = lambda phase: store.mark_running(rid, req, phase)
+            try:
+                store.mark_running(rid, req)
+            except OSError as e:
+                why = "disk full" if disk_full(e) else "results store error"
+                self._finish(rec, failed_result(req, f"{why}: cannot start this rollout: {e}", rollout_id=rid))
+                return rec
+            rec.on_phase = lambda phase: self._mark(rid, req, phase)
         rec.task = asyncio.create_task(self._execute(rec), name=f"rollout-{rid}")
         return rec
 
@@ -123,6 +142,14 @@ class RolloutService:
             with contextlib.suppress(Exception):  # a client that went away must not fail the rollout
                 await notify(message)
 
+    def _mark(self, rid: str, req: RolloutRequest, phase: Phase) -> None:
+        """Where a rollout is, for a restart to tell (best effort: a full disk fails the rollout where it stores)."""
+        assert self.store is not None
+        try:
+            self.store.mark_running(rid, req, phase)
+        except OSError as e:
+            print(f"swe-gym-env: rollout {rid}: could not note phase {phase!r}: {e}", file=sys.stderr)
+
     def recover(self) -> None:
         """At startup: fail the rollouts a dead server left running and remove their sandboxes."""
         if self.store is not None:
@@ -138,7 +165,7 @@ class RolloutService:
 
     # -- reading ----------------------------------------------------------------------------------------------
     def record(self, rollout_id: str) -> RolloutRecord | None:
-        """A rollout this process knows (in flight, or finished recently)."""
+        """A rollout in flight (or finished, without a results store or with a result it could not store)."""
         return self.rollouts.get(rollout_id)
 
     def live(self) -> list[RolloutRecord]:
@@ -158,11 +185,8 @@ class RolloutService:
 
     def list(self, limit: int = 100) -> list[RolloutSummary]:
         live = [r.summary() for r in self.live()]
-        done = (
-            self.store.summaries(limit)
-            if self.store is not None
-            else [r.summary() for r in self.rollouts.values() if r.state == "finished"]
-        )
+        held = [r.summary() for r in self.rollouts.values() if r.state == "finished"]  # not in a store
+        done = held[::-1] + self.store.summaries(limit) if self.store is not None else held
         return (live + done)[:limit]
 
     def in_flight(self) -> int:
@@ -174,14 +198,41 @@ class RolloutService:
             self._slots[backend] = asyncio.Semaphore(self.config.concurrency.get(backend, 8))
         return self._slots[backend]
 
-    def _finish(self, rec: RolloutRecord, result: RolloutResult) -> None:
+    def _finish(self, rec: RolloutRecord, result: RolloutResult) -> RolloutResult:
+        """Store the result (then the registry forgets the rollout: the store has it); a result that cannot be
+        stored becomes a failed one saying why ("disk full: ..."), kept in memory. Returns the result as told."""
+        stored = self.store is None
+        if self.store is not None:
+            try:
+                self.store.put(result)
+                stored = True
+            except (OSError, sqlite3.Error) as e:
+                why = "disk full" if disk_full(e) else "results store error"
+                result = failed_result(
+                    rec.request,
+                    f"{why}: the result of this rollout could not be stored ({type(e).__name__}: {e}); "
+                    "free space on the server's data disk (retention: SWE_GYM_RETENTION_*)"
+                    + (f"; the rollout itself: {result.error}" if result.error else ""),
+                    result.phase,
+                    rollout_id=rec.rollout_id,
+                    instance_id=result.instance_id,
+                    capture_session_id=result.capture_session_id,
+                    stop_reason=result.stop_reason,
+                    timings=result.timings,
+                    wall_s=result.wall_s,
+                )
+                with contextlib.suppress(OSError, sqlite3.Error):  # the short failure may still fit
+                    self.store.put(result)
+                    stored = True
         rec.result, rec.state, rec.phase = result, "finished", result.phase
         if self.store is not None:
-            self.store.put(result)
-        finished = [r for r in self.rollouts.values() if r.state == "finished"]
-        for old in finished[: max(0, len(finished) - KEEP_FINISHED)]:  # the rest is on disk
-            if self.store is not None:
+            if stored:
+                self.rollouts.pop(rec.rollout_id, None)
+            unstored = [r for r in self.rollouts.values() if r.state == "finished"]
+            for old in unstored[: max(0, len(unstored) - KEEP_UNSTORED)]:
                 self.rollouts.pop(old.rollout_id, None)
+        self.retention.poke()
+        return result
 
     async def _execute(self, rec: RolloutRecord) -> RolloutResult:
         req = rec.request
@@ -202,11 +253,11 @@ class RolloutService:
         except asyncio.CancelledError:
             result = self._failed(rec, req, rec.phase, f"cancelled during {rec.phase}", state, "cancelled")
         except Exception as e:  # a failure is a result, never an exception into the caller
-            result = self._failed(rec, req, rec.phase, f"internal error: {type(e).__name__}: {e}", state)
+            why = "disk full" if disk_full(e) else "internal error"
+            result = self._failed(rec, req, rec.phase, f"{why}: {type(e).__name__}: {e}", state)
         result.timings = {k: round(v, 3) for k, v in state.timings.items()}
         result.wall_s = round(time.monotonic() - t0, 3)
-        self._finish(rec, result)
-        return result
+        return self._finish(rec, result)
 
     @staticmethod
     def _failed(
