@@ -210,14 +210,72 @@ def test_opencode_config_is_offline_pinned_and_keeps_the_key_out_of_argv():
         assert var in cmd, var
 
 
-def test_pi_config_disables_compaction_and_keeps_max_tokens_in_the_context():
+def test_pi_compaction_is_off_by_default_and_keeps_max_tokens_in_the_context():
     files = PiHarness().config_files(CFG, KEY, "fix it")
     settings = json.loads(files["/home/agent/.pi/agent/settings.json"][0])
     models = json.loads(files["/home/agent/.pi/agent/models.json"][0])
     assert settings["compaction"] == {"enabled": False}
+    assert not any("/extensions/" in p for p in files)  # no extension: Pi runs as shipped
     (model,) = models["providers"]["capture"]["models"]
     assert model["maxTokens"] <= model["contextWindow"]
     assert KEY not in PiHarness().command(CFG)
+
+
+@pytest.mark.parametrize(("context", "reserve", "keep"), [(6144, 1536, 1536), (262144, 16384, 20000)])
+def test_pi_compaction_on_fits_the_context_and_records_what_print_mode_misses(context, reserve, keep):
+    cfg = AgentConfig(CFG.base_url, CFG.model, context, CFG.max_tokens, {"compaction": "on"})
+    files = PiHarness().config_files(cfg, KEY, "fix it")
+    settings = json.loads(files["/home/agent/.pi/agent/settings.json"][0])
+    # Pi's defaults (reserve 16384, keep 20000) would compact at every turn of a small context; a quarter each
+    assert settings["compaction"] == {"enabled": True, "reserveTokens": reserve, "keepRecentTokens": keep}
+    settle = files["/home/agent/.pi/agent/extensions/swe-gym-settle.js"][0].decode()
+    assert "session_shutdown" in settle and "/home/agent/pi-trace.jsonl" in settle
+    assert "mv -f /home/agent/pi-trace.jsonl /home/agent/pi-events.jsonl" in PiHarness().command(cfg)
+
+
+def _pi_message(stop: str, tool_id: str | None = None, output: int = 7, error: str = "") -> str:
+    content = [{"type": "toolCall", "id": tool_id, "name": "bash"}] if tool_id else []
+    msg = {"role": "assistant", "stopReason": stop, "content": content, "usage": {"output": output}}
+    if error:
+        msg["errorMessage"] = error
+    return json.dumps({"type": "message_end", "message": msg})
+
+
+REFUSED = "400 engine answered HTTP 400: This model's maximum context length is 6144 tokens. However, ..."
+
+
+def test_pi_trace_of_a_compaction_counts_its_summary_call_and_forgives_the_refusal_it_recovered_from():
+    trace = [
+        _pi_message("toolUse", "call-1"),
+        _pi_message("error", output=0, error=REFUSED),  # the engine refused: the context is full
+        json.dumps({"type": "compaction_start"}),
+        json.dumps(
+            {"type": "compaction_end", "summary": "No prior history.\n\n---\n\n**Turn Context (split turn):**\n\nx"}
+        ),
+        _pi_message("toolUse", "call-2"),
+        _pi_message("stop"),
+    ]
+    out = PiHarness().parse_events("\n".join(trace))
+    assert out.error_kind is None and out.model_calls == 4
+    assert out.steps[1] == AgentStep(None, ())  # the summary call: Pi reports neither its tokens nor tool calls
+    # two summary calls when there was history before the split turn; a refusal nothing followed stays an error
+    both = json.dumps({"type": "compaction_end", "summary": "## Goal\n\n---\n\n**Turn Context (split turn):**\n"})
+    assert PiHarness().parse_events("\n".join([*trace[:3], both])).model_calls == 3
+    out = PiHarness().parse_events("\n".join([*trace[:3]]))
+    assert out.error_kind == "agent_crashed" and "maximum context length" in (out.error or "")
+
+
+def test_opencode_forgives_a_context_overflow_it_compacted_after_not_one_it_ended_on():
+    def step(call: str | None = None) -> list[dict]:
+        tool = [{"type": "tool_use", "part": {"callID": call}}] if call else []
+        return [{"type": "step_start"}, *tool, {"type": "step_finish", "part": {"tokens": {"output": 5}}}]
+
+    overflow = {"type": "error", "error": {"name": "ContextOverflowError", "data": {"message": "maximum context"}}}
+    lines = [*step("a"), overflow, *step(), *step("b"), *step()]
+    out = OpenCodeHarness().parse_events("\n".join(json.dumps(e) for e in lines))
+    assert out.error_kind is None and out.model_calls == 4
+    out = OpenCodeHarness().parse_events("\n".join(json.dumps(e) for e in [*step("a"), overflow]))
+    assert out.error_kind == "agent_crashed" and "ContextOverflowError" in (out.error or "")
 
 
 # -- codex, claude-code, gemini-cli: recorded transcripts and config hygiene ------------------------------------

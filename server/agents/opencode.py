@@ -33,6 +33,7 @@ HOME = f"{AGENT_HOME}/.opencode-run"  # every XDG dir and TMPDIR of the agent li
 EVENTS = f"{AGENT_HOME}/opencode-events.jsonl"
 STDERR = f"{AGENT_HOME}/opencode-stderr.txt"
 PLUGIN = "@opencode-ai/plugin"
+OVERFLOW = "ContextOverflowError"  # the engine refused a call for the context length: OpenCode compacts, retries
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
 
 
@@ -119,6 +120,7 @@ class OpenCodeHarness(BundledHarness):
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
         errors: list[str] = []
+        overflows: list[tuple[str, int]] = []  # context-length refusals, with the steps made before each
         calls: list[str] = []  # tool calls of the step in progress
         for ev in jsonl_objects(text):
             kind = ev.get("type")
@@ -137,7 +139,13 @@ class OpenCodeHarness(BundledHarness):
                 data = err.get("data") if isinstance(err, dict) else None
                 message = (data or {}).get("message") if isinstance(data, dict) else None
                 name = err.get("name") if isinstance(err, dict) else None
-                errors.append(f"{name or 'error'}: {message or json.dumps(err)[:300]}")
+                said = f"{name or 'error'}: {message or json.dumps(err)[:300]}"
+                if name == OVERFLOW:
+                    overflows.append((said, out.model_calls))
+                else:
+                    errors.append(said)
+        # a refusal for the context length that steps followed: OpenCode compacted its context and went on
+        errors += [said for said, before in overflows if out.model_calls == before]
         if errors and out.model_calls == 0:
             low = errors[-1].lower()
             out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"

@@ -29,7 +29,59 @@ from swe_gym_env.server.agents.pi_apis import DEFAULT_API, PI_APIS, capture_tool
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
 EVENTS = f"{AGENT_HOME}/pi-events.jsonl"
+TRACE = f"{AGENT_HOME}/pi-trace.jsonl"  # the agent's record with compaction on (SETTLE): replaces the events
 CLI = "pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"  # in the bundle
+
+
+def compaction(cfg: AgentConfig) -> dict:
+    """Pi's `compaction` setting from the harness option `compaction` (`off` by default).
+
+    `off`: a rollout that fills the engine's context fails there (the engine refuses the call). `on`: Pi compacts,
+    with its defaults (reserveTokens 16384, keepRecentTokens 20000) scaled down to a quarter of the context each,
+    so they fit small contexts. Headless (`-p`), Pi compacts mid-run only when the engine refuses a call for its
+    context length: it summarises the older part of the conversation in a call of its own (a different system
+    prompt: an `aux` root), then retries with the summary in place of that part (a new root of the agent's family).
+    Its threshold check runs only after its last reply, where a compaction changes nothing the rollout keeps."""
+    if cfg.options.get("compaction", "off") != "on":
+        return {"enabled": False}
+    quarter = max(1, cfg.context_window // 4)
+    return {"enabled": True, "reserveTokens": min(16384, quarter), "keepRecentTokens": min(20000, quarter)}
+
+
+# An extension, loaded only with compaction on. Headless, Pi compacts mid-run only after the engine refused a call
+# for its context length, and it does so *after* its print mode has taken the refusal as the end of the run: the
+# summary call and the retry run on while print mode no longer listens (pi 0.73.1: `prompt()` waits for a retry,
+# not for a compaction's), so its JSON events end at the refusal. This one keeps the session open at shutdown until
+# the agent has settled (not running, not compacting, for a second) and writes the agent's record (its messages and
+# compactions) to TRACE, which then replaces the events. It changes no request.
+SETTLE = """import { appendFileSync } from "node:fs";
+const TRACE = "@TRACE@";
+export default function (pi) {
+  let running = false, compacting = false, changed = Date.now();
+  const log = (event) => appendFileSync(TRACE, JSON.stringify(event) + "\\n");
+  const on = (name, f) => pi.on(name, (event) => { changed = Date.now(); f(event); });
+  on("agent_start", () => { running = true; log({ type: "agent_start" }); });
+  on("agent_end", () => { running = false; log({ type: "agent_end" }); });
+  on("session_before_compact", () => { compacting = true; log({ type: "compaction_start" }); });
+  on("session_compact", (e) => {
+    compacting = false;
+    log({ type: "compaction_end", summary: (e.compactionEntry && e.compactionEntry.summary) || "" });
+  });
+  on("message_end", (e) => log({ type: "message_end", message: e.message }));
+  pi.on("session_shutdown", async () => {
+    while (running || compacting || Date.now() - changed < 1000) await new Promise((r) => setTimeout(r, 100));
+  });
+}
+""".replace("@TRACE@", TRACE)
+SPLIT_TURN = "**Turn Context (split turn):**"  # Pi's summary of a turn cut in two: its own call (compaction.js)
+NO_HISTORY = "No prior history."  # ... with nothing before that turn: no history call
+
+
+def summary_calls(summary: str) -> int:
+    """Model calls one compaction made: the history's summary, the split turn's prefix, or both (in parallel)."""
+    if SPLIT_TURN not in summary:
+        return 1
+    return 1 if summary.startswith(NO_HISTORY) else 2
 
 
 class PiHarness(BundledHarness):
@@ -62,14 +114,17 @@ class PiHarness(BundledHarness):
         api = cfg.options.get("api", DEFAULT_API)
         provider = pi_provider(api, cfg.base_url, KEY_ENV, cfg.model, cfg.context_window, cfg.max_tokens)
         models = {"providers": {PROVIDER: provider}}
-        settings = {"enableInstallTelemetry": False, "quietStartup": True, "compaction": {"enabled": False}}
+        settings = {"enableInstallTelemetry": False, "quietStartup": True, "compaction": compaction(cfg)}
         agent_dir = f"{AGENT_HOME}/.pi/agent"
-        return {
+        files = {
             f"{agent_dir}/models.json": (json.dumps(models, indent=2).encode(), 0o600),
             f"{agent_dir}/settings.json": (json.dumps(settings).encode(), 0o600),
             f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
             f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
         }
+        if settings["compaction"]["enabled"]:
+            files[f"{agent_dir}/extensions/swe-gym-settle.js"] = (SETTLE.encode(), 0o600)
+        return files
 
     def command(self, cfg: AgentConfig) -> str:
         return (
@@ -80,6 +135,7 @@ class PiHarness(BundledHarness):
             f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{CLI} -p --mode json "
             f"--no-session --model {shlex.quote(PROVIDER + '/' + cfg.model)} "
             f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
+            + (f"; rc=$?; [ -s {TRACE} ] && mv -f {TRACE} {EVENTS}; exit $rc" if compaction(cfg)["enabled"] else "")
         )
 
     events_path = EVENTS
@@ -88,7 +144,18 @@ class PiHarness(BundledHarness):
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
         errors: list[str] = []
+        overflows: list[tuple[str, int]] = []  # failed calls Pi compacted after, with the steps made before each
+        last_failed = False  # the last call failed (no step since)
         for ev in jsonl_objects(text):
+            # mid-run, Pi compacts only after a call the engine refused for its context length (`overflow`)
+            if ev.get("type") == "compaction_start" and last_failed:
+                overflows.append((errors.pop(), out.model_calls))
+                last_failed = False
+                continue
+            if ev.get("type") == "compaction_end" and isinstance(ev.get("summary"), str):
+                for _ in range(summary_calls(ev["summary"])):  # its summary calls: no tool calls, tokens unreported
+                    out.add_step(None)
+                continue
             if ev.get("type") != "message_end":
                 continue
             msg = ev.get("message") or {}
@@ -96,7 +163,9 @@ class PiHarness(BundledHarness):
                 continue
             if msg.get("stopReason") == "error":
                 errors.append(str(msg.get("errorMessage") or "model call failed"))
+                last_failed = True
                 continue
+            last_failed = False
             usage = msg.get("usage") or {}
             parts = msg.get("content")
             parts = parts if isinstance(parts, list) else []
@@ -106,6 +175,8 @@ class PiHarness(BundledHarness):
             # API ends a reply cut at max_output_tokens with): not reported, rather than a count that disagrees
             n = usage.get("output")
             out.add_step(n if isinstance(n, int) and n > 0 else None, calls)
+        # a refusal for the context length that steps followed: Pi compacted its context and went on
+        errors += [said for said, before in overflows if out.model_calls == before]
         if errors and out.model_calls == 0:
             low = errors[-1].lower()
             out.error_kind = (

@@ -2,6 +2,9 @@
 
 - `oracle`: finds the task whose problem statement is in the prompt and applies its gold patch through the
   agent's own tools (edit if it has one, else bash + git apply), then says it is done.
+- `oracle+compact`: the oracle for long sessions: it reads the output of a long shell command again and again until
+  the agent compacts its context (answering the agent's own summary request with a summary that keeps the task),
+  and only then applies the gold patch. With an engine whose context is small, the rollout must compact to pass.
 - `noop`: answers "done" at once.
 - `script:FILE`: replays a JSON list of replies, one per model call (`{"content": ...}` or
   `{"tool_calls": [{"name": ..., "arguments": {...}}]}`), then answers "done".
@@ -193,6 +196,80 @@ class OraclePolicy(Policy):
         return plan[step] if step < len(plan) else Reply(content=DONE)
 
 
+# -- long sessions: hold the fix back until the agent has compacted its context -------------------------------------
+# What the agents send when they compact (read from their installed bundles): Pi 0.73.1
+# (pi-coding-agent/dist/core/compaction/compaction.js: SUMMARIZATION_PROMPT, UPDATE_SUMMARIZATION_PROMPT,
+# TURN_PREFIX_SUMMARIZATION_PROMPT; utils.js: SUMMARIZATION_SYSTEM_PROMPT) and OpenCode 1.18.33 (SessionCompaction's
+# buildPrompt in the binary: a new summary, or one merged with its <prior-summary>).
+SUMMARY_REQUESTS = (
+    "Create a structured context checkpoint summary",  # Pi, first summary
+    "Update the existing structured summary",  # Pi, merging into the previous one
+    "This is the PREFIX of a turn that was too large to keep",  # Pi, a turn cut in two (one long user turn)
+    "You are a context summarization assistant",  # Pi's system prompt for all three
+    "Create a new anchored summary from the conversation history",  # OpenCode, first summary
+    "Construct a new summary that combines both",  # OpenCode, merging into its <prior-summary>
+)
+SUMMARY_MARK = "[swe-gym-oracle summary]"  # in every summary the oracle writes: its prompt then holds it once compacted
+FILLER_MARK = "swe-gym-filler"  # in every command the oracle runs to fill the context
+FILLER_LINES = 60  # lines per filler command: ~900 tokens of output each (SmolLM2's tokenizer)
+FILLER = (
+    f"echo {FILLER_MARK}; for i in $(seq 1 {FILLER_LINES}); "
+    'do echo "line $i of the long listing: the quick brown fox jumps over the lazy dog"; done'
+)
+
+
+def _all_text(messages: list[dict]) -> list[str]:
+    """Each message's text, tool calls included (whatever its role)."""
+    return [_text(m.get("content")) + json.dumps(m.get("tool_calls") or []) for m in messages]
+
+
+class CompactingOraclePolicy(OraclePolicy):
+    """The oracle that holds its fix back until the agent has compacted its context (policy `oracle+compact`).
+
+    Before compaction each reply is one long shell command (`FILLER`), so the prompt grows until the agent
+    compacts; the agent's summary request (`SUMMARY_REQUESTS`) is answered with a summary that keeps the task (its
+    work tree and problem statement, as a real summary would) and carries `SUMMARY_MARK`. A prompt that holds the
+    mark is one after compaction: the gold patch's steps follow, counted from the summary on (filler calls the agent
+    kept are not steps)."""
+
+    name = "oracle+compact"
+
+    def reply(self, messages, tools):
+        texts = _all_text(messages)
+        text = "\n".join(texts)
+        task = find_by_problem_statement(text)
+        if task is None:
+            return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
+        where = WORKDIR_IN_PROMPT.search(text)
+        workdir = where.group(1) if where else task.workdir
+        last = "\n".join(texts[-2:])  # the request itself (Pi: system + user; OpenCode: its one user message)
+        if any(s in last for s in SUMMARY_REQUESTS):
+            return Reply(
+                content=f"{SUMMARY_MARK}\n## Goal\nYou are working in a git repository at {workdir}. Resolve the "
+                f"issue below.\n\n<issue>\n{task.problem_statement.strip()}\n</issue>\n\n## Progress\n- Read "
+                "long listings; nothing changed yet.\n\n## Next Steps\n1. Apply the fix."
+            )
+        marked = [i for i, t in enumerate(texts) if SUMMARY_MARK in t]
+        params = _tool_params(tools)
+        shell = next(((n, arg) for n, arg in SHELL_TOOLS if arg in params.get(n, set())), None)
+        if not marked:
+            if shell is None:
+                return Reply(content="oracle+compact: the agent has no shell tool to fill its context with.")
+            name, arg = shell
+            args: dict[str, Any] = {arg: FILLER}
+            if "description" in params[name]:
+                args["description"] = "read a long listing"
+            return Reply(tool_calls=[(name, args)])
+        after = messages[marked[-1] + 1 :]
+        step = sum(
+            1
+            for m, t in zip(after, texts[marked[-1] + 1 :], strict=True)
+            if m.get("role") == "assistant" and FILLER_MARK not in t
+        )
+        plan = self.plan(task, tools, workdir)
+        return plan[step] if step < len(plan) else Reply(content=DONE)
+
+
 # shell tools by name, with the argument that takes the command line
 SHELL_TOOLS = (
     ("bash", "command"),
@@ -233,8 +310,10 @@ def make_policy(spec: str) -> Policy:
         return OraclePolicy()
     if spec == "oracle+probe":
         return OraclePolicy(probe=PROBE)
+    if spec == "oracle+compact":
+        return CompactingOraclePolicy()
     if spec == "noop":
         return NoopPolicy()
     if spec.startswith("script:"):
         return ScriptPolicy(Path(spec.removeprefix("script:")))
-    raise ValueError(f"unknown policy {spec!r}: use oracle, oracle+probe, noop or script:FILE")
+    raise ValueError(f"unknown policy {spec!r}: use oracle, oracle+probe, oracle+compact, noop or script:FILE")
