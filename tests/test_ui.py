@@ -57,7 +57,10 @@ def base(stack: Stack) -> str:
 
 
 def results_on_disk(stack: Stack) -> list[str]:
-    return sorted(p.name for p in Path(stack.env["SWE_GYM_DATA_DIR"], "results").glob("*"))
+    """Rollouts in the results store (its own files, such as an index, are not rollouts)."""
+    return sorted(
+        p.name for p in Path(stack.env["SWE_GYM_DATA_DIR"], "results").glob("*") if not p.name.startswith(".")
+    )
 
 
 def gradio_call(url: str, api_name: str, data: list, headers: dict[str, str] | None = None) -> list[dict]:
@@ -136,8 +139,10 @@ def test_rendered_text_is_escaped_and_redacted(monkeypatch):
 
 def test_heatmap_and_token_table_carry_ids_and_logprobs():
     html = render.heatmap_html([_turn(0)], lambda tid: f"t{tid}")
-    assert 'data-id="5"' in html and "logprob -0.2500" in html and "t6" in html
-    assert "rgb(255,65,65)" in html  # logprob -2.0: saturated
+    assert 'data-id="5"' in html and 'data-lp="-0.2500"' in html and "t6" in html
+    assert (
+        'class="sg-tok sg-l10"' in html and ".sg-l10 { background: rgb(255,65,65); }" in render.CSS
+    )  # -2.0: saturated
     assert render.token_rows([_turn(0)]) == [[1, 0, 5, "", -0.25], [1, 1, 6, "", -2.0]]
 
 
@@ -267,7 +272,10 @@ def test_run_in_browser_streams_turns_then_shows_reward_and_heatmap(browser, gua
     tokens = page.locator("#run-heatmap .sg-tok")
     assert tokens.count() > 10
     first = tokens.first
-    assert "logprob -0." in first.get_attribute("title") and first.get_attribute("data-id").isdigit()
+    assert first.get_attribute("data-lp").startswith("-0.") and first.get_attribute("data-id").isdigit()
+    first.hover()  # id and logprob on hover
+    hover = page.evaluate("e => getComputedStyle(e, '::after').content", first.element_handle())
+    assert "logprob -0." in hover, hover
     assert page.locator("#run-tokens").inner_text().count("\n") > 5  # the id / logprob table
     page.screenshot(path=str(ARTIFACTS / "run_heatmap.png"), full_page=True)
 

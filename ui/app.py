@@ -18,7 +18,7 @@ from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
 from swe_gym_env.ui import render
 from swe_gym_env.ui.guard import ui_start_refusal
-from swe_gym_env.ui.live import Snapshot, follow, live_table_html, snapshot, token_text_for
+from swe_gym_env.ui.live import Snapshot, View, follow, live_table_html, snapshot, token_text_for, view_for
 from swe_gym_env.wire import AUTO_SANDBOX, RolloutRequest
 
 TASK_CHOICES = 500  # task ids offered in the Run view's dropdown (any id can be typed)
@@ -56,8 +56,11 @@ async def _banner_html() -> str:
     from swe_gym_env.server.engine.builtin import builtin_engine
     from swe_gym_env.server.sandbox.errors import SandboxUnavailable
     from swe_gym_env.server.sandbox.preflight import default_sandbox, probe_all
+    from swe_gym_env.server.security import lock_reason
 
     out = []
+    if (why := lock_reason()) is not None:  # an exposed server with no secret: say which one to set
+        out.append(f'<div class="sg-error" id="access-banner"><b>{render.esc(why, 1000)}</b></div>')
     if (engine := builtin_engine()) is not None:
         out.append(f'<div class="sg-error" id="engine-banner"><b>Engine: {render.esc(engine["note"], 1000)}</b></div>')
     found = await probe_all()
@@ -77,9 +80,16 @@ async def _banner_html() -> str:
 
 
 class Panel:
-    """One rollout's views (used by Run and by Rollout): status, timeline, result, conversation, tokens, graph."""
+    """One rollout's views (used by Run and by Rollout): status, timeline, result, conversation, tokens, graph.
 
-    def __init__(self, prefix: str) -> None:
+    The conversation, heatmap, token table and graph draw one page of calls (`render.PAGE_CALLS`); earlier / later /
+    go-to-call move the page (`live.View`). While a rollout runs the panel follows its newest page and redraws only
+    when something on it changed; Gradio sends each update as its difference from the last (a new call appended),
+    so an update costs the same at call 80 as at call 2."""
+
+    def __init__(self, prefix: str, service: RolloutService) -> None:
+        self.prefix = prefix
+        self.service = service
         self.status = gr.HTML(elem_id=f"{prefix}-status")
         with gr.Row():
             with gr.Column(scale=1):
@@ -87,6 +97,19 @@ class Panel:
                 self.timeline = gr.HTML(elem_id=f"{prefix}-timeline")
             with gr.Column(scale=2):
                 self.result = gr.HTML(elem_id=f"{prefix}-result")
+        with gr.Row():
+            self.prev = gr.Button("◀ earlier calls", size="sm", elem_id=f"{prefix}-prev", scale=0, min_width=140)
+            self.pager = gr.HTML(elem_id=f"{prefix}-pager")
+            self.next = gr.Button("later calls ▶", size="sm", elem_id=f"{prefix}-next", scale=0, min_width=140)
+            self.call = gr.Number(
+                None,
+                label="go to call (Enter)",
+                precision=0,
+                minimum=1,
+                elem_id=f"{prefix}-call",
+                scale=0,
+                min_width=140,
+            )
         with gr.Tabs():
             with gr.Tab("Conversation"):
                 self.conversation = gr.HTML(elem_id=f"{prefix}-conversation")
@@ -99,54 +122,103 @@ class Panel:
                 self.grading = gr.HTML(elem_id=f"{prefix}-grading")
                 self.timings = gr.HTML(elem_id=f"{prefix}-timings")
 
+        async def earlier(request: gr.Request) -> tuple:
+            return self.move(view_for(request.session_hash, prefix), delta=-1)
+
+        async def later(request: gr.Request) -> tuple:
+            return self.move(view_for(request.session_hash, prefix), delta=1)
+
+        async def go_to(call: float | None, request: gr.Request) -> tuple:
+            return self.move(view_for(request.session_hash, prefix), call=int(call) if call else None)
+
+        for button, fn in ((self.prev, earlier), (self.next, later)):
+            button.click(fn, None, self.page_outputs, show_progress="hidden", api_visibility="private")
+        self.call.submit(go_to, self.call, self.page_outputs, show_progress="hidden", api_visibility="private")
+
     @property
     def outputs(self) -> list[Any]:
-        return [
-            self.status,
-            self.timeline,
-            self.result,
-            self.conversation,
-            self.heatmap,
-            self.tokens,
-            self.graph,
-            self.grading,
-            self.timings,
-        ]
+        return [self.status, self.timeline, self.result, *self.page_outputs, self.grading, self.timings]
+
+    @property
+    def page_outputs(self) -> list[Any]:
+        return [self.pager, self.conversation, self.heatmap, self.tokens, self.graph]
 
     @staticmethod
     def message(text: str) -> tuple:
-        return (f'<div class="sg-error" id="panel-message">{render.esc(text, 2000)}</div>', *[gr.skip()] * 8)
+        return (f'<div class="sg-error" id="panel-message">{render.esc(text, 2000)}</div>', *[gr.skip()] * 9)
 
     @staticmethod
-    def draw(snap: Snapshot) -> tuple:
+    def page_values(snap: Snapshot, view: View) -> list[object]:
+        """The pager, conversation, heatmap, token rows and graph of the view's page of calls."""
+        n = len(snap.turns)
+        running = snap.result is None
+        if running and view.follow:
+            view.page = n  # clamped to the last page
+        view.page, start, stop = render.page_bounds(n, view.page)
         text = token_text_for(snap.turns)
+        return [
+            render.pager_html(n, view.page, following=running and view.follow),
+            render.conversation_html(snap.turns, start, stop, view.selected),
+            render.heatmap_html(snap.turns, text, start, stop),
+            render.token_rows(snap.turns, text, start=start, stop=stop),
+            render.graph_svg(snap.turns, start, stop, view.selected),
+        ]
+
+    @classmethod
+    def draw(cls, snap: Snapshot, view: View) -> list[object]:
+        """Every output of the panel, the calls of the view's page only."""
         r = snap.result
-        return (
+        return [
             _status_html(snap),
             render.timeline_html(snap.events),
             render.result_html(r) if r is not None else '<div class="sg-empty">running…</div>',
-            render.conversation_html(snap.turns),
-            render.heatmap_html(snap.turns, text),
-            render.token_rows(snap.turns, text),
-            render.graph_svg(snap.turns),
+            *cls.page_values(snap, view),
             render.grading_html(r.grading) if r is not None else '<div class="sg-empty">not graded yet</div>',
             render.timings_html(r.timings, r.wall_s) if r is not None else "",
-        )
+        ]
+
+    def move(self, view: View, delta: int = 0, call: int | None = None) -> tuple:
+        """Another page of the rollout this panel shows: ``delta`` pages on, or the page holding call ``call``.
+        While the rollout runs its watcher draws the page (it is the one writer of the panel's outputs, whose
+        updates Gradio sends as differences from the last); once it is finished, this draws it."""
+        snap = snapshot(self.service, view.rollout_id, []) if view.rollout_id else None
+        if snap is None:
+            return tuple(gr.skip() for _ in self.page_outputs)
+        n = len(snap.turns)
+        if call is not None:
+            view.selected = max(0, min(call, n) - 1)
+            view.page = view.selected // render.PAGE_CALLS
+        else:
+            view.page = render.page_bounds(n, view.page + delta)[0]
+        view.follow = snap.result is None and view.page == render.page_bounds(n, n)[0]  # newest page: follow it
+        if snap.result is None and view.poke():
+            return tuple(gr.skip() for _ in self.page_outputs)
+        return tuple(self.page_values(snap, view))
 
 
-async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[float, str]]):
-    """Draw a rollout now, then again each time progress lands, until it is finished."""
+async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[float, str]], view: View):
+    """Draw a rollout now, then again each time progress lands or the page moves, until it is finished. Each
+    update draws one page of calls, and is sent only when something on it changed (Gradio sends a generator's
+    updates as differences from the previous one: an unchanged output costs nothing, a new call is appended)."""
+    mine = view.open(rollout_id)
     snap = snapshot(service, rollout_id, events)
     if snap is None:
         yield Panel.message(f"no rollout {rollout_id!r} on this server")
         return
-    yield Panel.draw(snap)
+    view.follow = snap.result is None
+    last = Panel.draw(snap, view)
+    yield tuple(last)
     if snap.rec is not None and snap.result is None:
-        async for _ in follow(service, snap.rec, events):
+        async for _ in follow(service, snap.rec, events, view=view):
+            if view.generation != mine:
+                return  # this panel has moved on to another rollout
             if (snap := snapshot(service, rollout_id, events)) is not None:
-                yield Panel.draw(snap)
-        if (snap := snapshot(service, rollout_id, events)) is not None:
-            yield Panel.draw(snap)
+                out = Panel.draw(snap, view)
+                if out != last:
+                    last = out
+                    yield tuple(out)
+        if view.generation == mine and (snap := snapshot(service, rollout_id, events)) is not None:
+            yield tuple(Panel.draw(snap, view))
 
 
 def build_ui(service: RolloutService) -> gr.Blocks:
@@ -194,7 +266,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                         elem_id="run-token",
                     )
                     go = gr.Button("Run", variant="primary", elem_id="run-button")
-                run_panel = Panel("run")
+                run_panel = Panel("run", service)
                 split.change(
                     lambda s: gr.update(choices=_task_ids(s), value=(_task_ids(s) or [None])[0]),
                     split,
@@ -223,7 +295,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                         return
                     rec = service.submit(req)
                     events = [(time.time(), f"submitted rollout {rec.rollout_id}")]
-                    async for out in _watch(service, rec.rollout_id, events):
+                    async for out in _watch(service, rec.rollout_id, events, view_for(request.session_hash, "run")):
                         yield out
 
                 go.click(
@@ -240,12 +312,15 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 with gr.Row():
                     rid = gr.Textbox(label="rollout id", elem_id="rollout-id")
                     show = gr.Button("Show", elem_id="rollout-show")
-                panel = Panel("rollout")
+                panel = Panel("rollout", service)
 
-                async def show_rollout(rollout_id: str):
+                async def show_rollout(rollout_id: str, request: gr.Request):
                     rollout_id = (rollout_id or "").strip()
+                    if not rollout_id:
+                        yield tuple(gr.skip() for _ in panel.outputs)
+                        return
                     events = [(time.time(), f"watching {rollout_id}")]
-                    async for out in _watch(service, rollout_id, events):
+                    async for out in _watch(service, rollout_id, events, view_for(request.session_hash, "rollout")):
                         yield out
 
                 for trigger in (show.click, rid.submit):
@@ -336,4 +411,23 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 h_table.select(open_rollout, None, [rid, tabs], api_visibility="private").then(
                     show_rollout, rid, panel.outputs, concurrency_limit=None, api_visibility="private"
                 )
+
+        async def from_address(request: gr.Request):
+            """/web/?rollout=<id> opens that rollout's page (in the page's own load: no second round trip)."""
+            wanted = (request.query_params.get("rollout") or "").strip() if request else ""
+            if not wanted:
+                yield tuple(gr.skip() for _ in range(2 + len(panel.outputs)))
+                return
+            events = [(time.time(), f"watching {wanted}")]
+            async for out in _watch(service, wanted, events, view_for(request.session_hash, "rollout")):
+                yield (wanted, gr.Tabs(selected="rollout"), *out)
+
+        demo.load(
+            from_address,
+            None,
+            [rid, tabs, *panel.outputs],
+            concurrency_limit=None,
+            show_progress="hidden",
+            api_visibility="private",
+        )
     return demo

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -75,32 +76,111 @@ class Snapshot:
     events: list[tuple[float, str]] = field(default_factory=list)
 
 
+_FINISHED: OrderedDict[str, RolloutResult] = OrderedDict()
+FINISHED_CACHE = 4  # finished results kept for paging through them, without their prompt ids (the UI shows lengths)
+
+
+def _finished(service: RolloutService, rollout_id: str) -> RolloutResult | None:
+    if (hit := _FINISHED.get(rollout_id)) is not None:
+        _FINISHED.move_to_end(rollout_id)
+        return hit
+    status = service.get(rollout_id)
+    if status is None or status.result is None:
+        return None
+    r = status.result
+    light = [t.model_copy(update={"prompt_new_ids": [], "prompt_token_ids": None}) for t in r.turns]
+    _FINISHED[rollout_id] = r = r.model_copy(update={"turns": light})
+    while len(_FINISHED) > FINISHED_CACHE:
+        _FINISHED.popitem(last=False)
+    return r
+
+
 def snapshot(service: RolloutService, rollout_id: str, events: list[tuple[float, str]]) -> Snapshot | None:
     rec = service.record(rollout_id)
     if rec is not None and rec.result is None:
         turns = list(rec.session.turns) if rec.session else []
         return Snapshot(rollout_id, rec, None, turns, events)
-    status = service.get(rollout_id)
-    if status is None or status.result is None:
+    result = rec.result if rec is not None and rec.result is not None else _finished(service, rollout_id)
+    if result is None:
         return None
-    return Snapshot(rollout_id, rec, status.result, list(status.result.turns), events)
+    return Snapshot(rollout_id, rec, result, list(result.turns), events)
+
+
+POKE = "\x00poke"  # put on a watcher's queue to redraw now (the page moved); never a progress line
+
+
+@dataclass
+class View:
+    """What one browser tab's panel shows (its page of calls, the selected call), and while a rollout runs, the
+    watcher that draws it: the one writer of the panel's outputs then, woken through ``wake`` when the page moves."""
+
+    rollout_id: str = ""
+    page: int = 0
+    follow: bool = True  # while the rollout runs, show the page with the newest calls
+    selected: int | None = None
+    generation: int = 0  # bumped by each open: an older watcher of this panel stops
+    wake: asyncio.Queue[str] | None = None
+
+    def open(self, rollout_id: str) -> int:
+        self.rollout_id, self.page, self.follow, self.selected = rollout_id, 0, True, None
+        self.generation += 1
+        return self.generation
+
+    def poke(self) -> bool:
+        """Ask the live watcher to redraw; False when none is watching."""
+        if self.wake is None:
+            return False
+        self.wake.put_nowait(POKE)
+        return True
+
+
+VIEWS_KEPT = 512
+_VIEWS: OrderedDict[tuple[str, str], View] = OrderedDict()
+
+
+def view_for(session: str | None, panel: str) -> View:
+    """The view of one panel in one browser session (the newest ``VIEWS_KEPT`` are kept)."""
+    key = (session or "", panel)
+    view = _VIEWS.get(key)
+    if view is None:
+        view = _VIEWS[key] = View()
+        while len(_VIEWS) > VIEWS_KEPT:
+            _VIEWS.popitem(last=False)
+    _VIEWS.move_to_end(key)
+    return view
+
+
+def _note(events: list[tuple[float, str]], message: str) -> None:
+    if message != POKE:
+        events.append((time.time(), message))
 
 
 async def follow(
-    service: RolloutService, rec: RolloutRecord, events: list[tuple[float, str]], tick_s: float = 1.0
+    service: RolloutService,
+    rec: RolloutRecord,
+    events: list[tuple[float, str]],
+    tick_s: float = 1.0,
+    view: View | None = None,
 ) -> AsyncIterator[None]:
-    """Yield whenever progress lands on a running rollout (phases, model calls), and at least every ``tick_s``."""
+    """Yield whenever progress lands on a running rollout (phases, model calls), when ``view`` is poked, and at
+    least every ``tick_s``."""
     if rec.task is None or rec.task.done():
         return
     with service.subscribe(rec) as queue:
-        while not rec.task.done():
-            with contextlib.suppress(TimeoutError):
-                events.append((time.time(), await asyncio.wait_for(queue.get(), tick_s)))
+        if view is not None:
+            view.wake = queue
+        try:
+            while not rec.task.done():
+                with contextlib.suppress(TimeoutError):
+                    _note(events, await asyncio.wait_for(queue.get(), tick_s))
+                while not queue.empty():
+                    _note(events, queue.get_nowait())
+                yield
             while not queue.empty():
-                events.append((time.time(), queue.get_nowait()))
-            yield
-        while not queue.empty():
-            events.append((time.time(), queue.get_nowait()))
+                _note(events, queue.get_nowait())
+        finally:
+            if view is not None and view.wake is queue:
+                view.wake = None
 
 
 @lru_cache(maxsize=1)
@@ -112,10 +192,21 @@ def _local_tokenizer():
     return Tokenizer.from_file(str(tokenizer_file()))
 
 
+def model_names(turns: list[Turn]) -> set[str]:
+    """The models a rollout's calls named: each call's request params (compact turns carry them only where they
+    change; the full form has the whole request)."""
+    names = set()
+    for t in turns:
+        params = t.params if t.params is not None else t.request
+        if params is not None:
+            names.add(str(params.get("model", "")).lower())
+    return names
+
+
 def token_text_for(turns: list[Turn]) -> TokenText | None:
     """Token strings for display only, when the rollout's model uses the tokenizer this server ships (SmolLM2);
     otherwise the heatmap shows ids. Training never uses these strings."""
-    models = {str(t.request.get("model", "")).lower() for t in turns}
+    models = model_names(turns)
     if not models or not all("smollm2" in m for m in models):
         return None
     try:

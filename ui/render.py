@@ -22,7 +22,9 @@ SECRET_PATTERNS = re.compile(
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{12,}"
 )
 TEXT_LIMIT = 20_000  # characters of one message / tool result shown
-HEATMAP_LIMIT = 4_000  # tokens drawn per rollout
+HEATMAP_LIMIT = 4_000  # tokens drawn per page of calls
+PAGE_CALLS = 10  # model calls per page: the conversation, heatmap, token table and graph draw one page at a time
+TIMELINE_EVENTS = 25  # progress lines shown (the newest)
 TokenText = Callable[[int], str | None]
 
 
@@ -80,20 +82,80 @@ def _message_html(msg: dict) -> str:
     )
 
 
-def conversation_html(turns: Sequence[Turn]) -> str:
-    """Each model call: the messages new since the previous call (tool results, the task), then the reply."""
+def _window(turns: Sequence[Turn], start: int, stop: int | None) -> Sequence[Turn]:
+    return turns[max(0, start) : len(turns) if stop is None else max(0, stop)]
+
+
+def page_bounds(n_turns: int, page: int, size: int = PAGE_CALLS) -> tuple[int, int, int]:
+    """(page, start, stop) of a page of ``size`` calls, the page clamped to those that exist (at least one)."""
+    pages = max(1, -(-n_turns // size))
+    page = max(0, min(page, pages - 1))
+    return page, page * size, min(n_turns, (page + 1) * size)
+
+
+def pager_html(n_turns: int, page: int, size: int = PAGE_CALLS, following: bool = False) -> str:
+    """Where the panel is in the rollout's calls: which page of how many (the views draw that page's calls only)."""
+    page, start, stop = page_bounds(n_turns, page, size)
+    pages = max(1, -(-n_turns // size))
+    if not n_turns:
+        return '<div class="sg-pager" data-page="0" data-pages="1" data-calls="0">no model calls yet</div>'
+    tail = " · following the newest calls" if following else ""
+    return (
+        f'<div class="sg-pager" data-page="{page}" data-pages="{pages}" data-calls="{n_turns}" data-start="{start}" '
+        f'data-stop="{stop}">calls <b>{start + 1} to {stop}</b> of {n_turns} · page {page + 1} of {pages}{tail}</div>'
+    )
+
+
+def _message_counts(turns: Sequence[Turn]) -> dict[int, int]:
+    """How many messages each call's request held (the compact form's bases and kept counts; no message copied)."""
+    return {t.index: t.messages_kept + len(t.new_messages) for t in turns}
+
+
+def _new_messages(turn: Turn, prev: Turn | None, counts: dict[int, int]) -> tuple[list, str]:
+    """The messages of this call's request that the conversation has not shown yet, and what they follow.
+
+    Compact turns carry them (``new_messages`` after ``messages_kept`` of ``messages_base``'s); the first of them is
+    the base call's reply as the agent sent it back when the whole base request was kept, and that reply is already
+    drawn under the base call. A full-form turn with no base (a schema-1 record) is compared with the call before."""
+    base = turn.messages_base
+    if base is not None:
+        new = list(turn.new_messages)
+        whole = turn.messages_kept == counts.get(base, -1)
+        if whole and new and isinstance(new[0], dict) and new[0].get("role") == "assistant":
+            new = new[1:]
+        note = (
+            ""
+            if whole and prev is not None and base == prev.index
+            else (f"continues call {base + 1}" + ("" if whole else f" (its first {turn.messages_kept} messages)"))
+        )
+        return new, note
+    if turn.request is not None and prev is not None:
+        messages = turn.request.get("messages") or []
+        seen = counts.get(prev.index, 0) + 1  # the previous reply is the next request's next message
+        return (messages[seen:] if seen <= len(messages) else messages), ""
+    return list(turn.new_messages), ""
+
+
+def conversation_html(
+    turns: Sequence[Turn], start: int = 0, stop: int | None = None, selected: int | None = None
+) -> str:
+    """Each model call in ``turns[start:stop]``: the messages new since the call it continues (tool results, the
+    task), then the reply. Only that window is drawn; the rest of the rollout costs a count per call."""
     if not turns:
         return '<div class="sg-empty">no model calls yet</div>'
+    counts = _message_counts(turns)
     parts = []
-    seen = 0
-    for turn in turns:
-        messages = turn.request.get("messages") or []
-        new = messages[seen:] if seen <= len(messages) else messages
-        seen = len(messages) + 1  # the reply is the next request's next message
-        calls = f"{len(turn.prompt_token_ids)} prompt + {len(turn.completion_token_ids)} completion tokens"
+    first = max(0, start)
+    for k, turn in enumerate(_window(turns, start, stop)):
+        pos = first + k
+        new, note = _new_messages(turn, turns[pos - 1] if pos > 0 else None, counts)
+        calls = f"{turn.prompt_len} prompt + {len(turn.completion_token_ids)} completion tokens"
+        sel = " sg-selected" if selected == turn.index else ""
         parts.append(
-            f'<div class="sg-turn" data-turn="{turn.index}"><div class="sg-turn-head">model call {turn.index + 1}'
-            f" · {calls} · {turn.wall_s:.2f}s · finish {esc(turn.finish_reason, 40)}</div>"
+            f'<div class="sg-turn{sel}" data-turn="{turn.index}" id="sg-call-{turn.index}"><div class="sg-turn-head">'
+            f"model call {turn.index + 1} · {calls} · {turn.wall_s:.2f}s · finish {esc(turn.finish_reason, 40)}"
+            + (f" · {esc(note, 100)}" if note else "")
+            + "</div>"
             + "".join(_message_html(m) for m in new if isinstance(m, dict))
             + _message_html({"role": "assistant", **turn.response_message})
             + "</div>"
@@ -102,40 +164,59 @@ def conversation_html(turns: Sequence[Turn]) -> str:
 
 
 # -- token heatmap ---------------------------------------------------------------------------------------------
+LP_SHADES = 10  # logprob colour steps: class sg-l0 (logprob 0, white) to sg-l10 (-1 and below, saturated red)
+
+
 def _lp_colour(lp: float) -> str:
     """0 → white, -1 and below → saturated red (logprob of the sampled token)."""
     x = max(0.0, min(1.0, -lp))
     return f"rgb(255,{int(255 - 190 * x)},{int(255 - 190 * x)})"
 
 
-def heatmap_html(turns: Sequence[Turn], token_text: TokenText | None = None) -> str:
-    """Sampled tokens of every call, coloured by logprob; id and logprob on hover."""
-    if not turns:
+def _lp_shade(lp: float) -> int:
+    return round(max(0.0, min(1.0, -lp)) * LP_SHADES)
+
+
+def heatmap_html(
+    turns: Sequence[Turn], token_text: TokenText | None = None, start: int = 0, stop: int | None = None
+) -> str:
+    """Sampled tokens of the calls in ``turns[start:stop]``, coloured by logprob; id and logprob on hover."""
+    window = _window(turns, start, stop)
+    if not window:
         return '<div class="sg-empty">no tokens yet</div>'
-    parts = ['<div class="sg-heatmap">']
+    # each call is its own block (no wrapper around them): a call landing on the page is appended to what was sent
+    parts = []
     drawn = 0
-    for turn in turns:
-        parts.append(f'<div class="sg-hm-turn"><span class="sg-hm-label">call {turn.index + 1}</span>')
-        for pos, (tid, lp) in enumerate(zip(turn.completion_token_ids, turn.logprobs, strict=False)):
+    for turn in window:
+        parts.append(
+            f'<div class="sg-heatmap sg-hm-turn" data-turn="{turn.index}">'
+            f'<span class="sg-hm-label">call {turn.index + 1}</span>'
+        )
+        for tid, lp in zip(turn.completion_token_ids, turn.logprobs, strict=False):
             if drawn >= HEATMAP_LIMIT:
                 break
             text = (token_text(tid) if token_text else None) or f"⟨{tid}⟩"
             parts.append(
-                f'<span class="sg-tok" style="background:{_lp_colour(lp)}" data-id="{tid}" data-lp="{lp:.4f}" '
-                f'title="call {turn.index + 1} pos {pos} · id {tid} · logprob {lp:.4f}">{esc(text, 200)}</span>'
+                # about 60 bytes a token (a page holds ~1k): the colour is a class, id and logprob show on hover (CSS)
+                f'<span class="sg-tok sg-l{_lp_shade(lp)}" data-id="{tid}" data-lp="{lp:.4f}">{esc(text, 200)}</span>'
             )
             drawn += 1
         parts.append("</div>")
-    total = sum(len(t.completion_token_ids) for t in turns)
+    total = sum(len(t.completion_token_ids) for t in window)
     if drawn < total:
         parts.append(f'<div class="sg-empty">first {drawn} of {total} tokens shown; all are in the table</div>')
-    parts.append("</div>")
     return "".join(parts)
 
 
-def token_rows(turns: Sequence[Turn], token_text: TokenText | None = None, limit: int = 5_000) -> list[list]:
+def token_rows(
+    turns: Sequence[Turn],
+    token_text: TokenText | None = None,
+    limit: int = 5_000,
+    start: int = 0,
+    stop: int | None = None,
+) -> list[list]:
     rows: list[list] = []
-    for turn in turns:
+    for turn in _window(turns, start, stop):
         for pos, (tid, lp) in enumerate(zip(turn.completion_token_ids, turn.logprobs, strict=False)):
             if len(rows) >= limit:
                 return rows
@@ -157,14 +238,14 @@ EDGE_STYLE = {
 }
 
 
-def graph_svg(turns: Sequence[Turn]) -> str:
+def graph_svg(turns: Sequence[Turn], start: int = 0, stop: int | None = None, selected: int | None = None) -> str:
     """The rollout graph: a row per root or fork, a node per model call at its call number, edges to the call it
     continues (solid: prompt extends the parent's ids exactly; dashed: re-tokenised drift; dotted: a retry);
-    hollow grey nodes are discarded branches."""
+    hollow grey nodes are discarded branches. Rows are laid out over the whole rollout; only the calls in
+    ``turns[start:stop]`` are drawn (a parent before them is named at the left edge)."""
     if not turns:
         return '<div class="sg-empty">no model calls yet</div>'
     edges = _graph_edges(turns)
-    index = {t.index: t for t in turns}
     row_of: dict[int, int] = {}
     row_tail: list[int] = []
     row_kind: list[str] = []
@@ -177,28 +258,42 @@ def graph_svg(turns: Sequence[Turn]) -> str:
             row_of[t.index] = len(row_tail)
             row_tail.append(t.index)
             row_kind.append("root" if parent is None else f"fork of {parent + 1}")
+    index = {t.index: t for t in _window(turns, start, stop)}
+    if not index:
+        return '<div class="sg-empty">no model calls on this page</div>'
+    rows = sorted({row_of[i] for i in index})
+    slot = {row: k for k, row in enumerate(rows)}
+    first = min(index)
     w, h, r = 56, 48, 14
-    x = {i: 90 + i * w for i in index}
-    y = {i: 30 + row_of[i] * h for i in index}
-    width, height = 120 + (max(index) + 1) * w, 20 + len(row_tail) * h
+    x = {i: 120 + (i - first) * w for i in index}
+    y = {i: 30 + slot[row_of[i]] * h for i in index}
+    width, height = 150 + (max(index) - first + 1) * w, 20 + len(rows) * h
     out = [f'<svg class="sg-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
-    for row, kind in enumerate(row_kind):
-        out.append(f'<text x="4" y="{34 + row * h}" font-size="11">{esc(kind, 40)}</text>')
-    for i, (parent, relation, _) in edges.items():
-        if parent is not None and parent in index:
-            style = EDGE_STYLE.get(relation, EDGE_STYLE["extends"])
-            out.append(
-                f'<line class="sg-edge sg-{esc(relation, 20)}" x1="{x[parent]}" y1="{y[parent]}" x2="{x[i]}" '
-                f'y2="{y[i]}" {style} stroke-width="2"/>'
-            )
+    for row in rows:
+        out.append(f'<text x="4" y="{34 + slot[row] * h}" font-size="11">{esc(row_kind[row], 40)}</text>')
+    for i in sorted(index):
+        parent, relation, _ = edges[i]
+        if parent is None:
+            continue
+        style = EDGE_STYLE.get(relation, EDGE_STYLE["extends"])
+        if parent in index:
+            x1, y1 = x[parent], y[parent]
+        else:  # a parent on an earlier page: the edge comes in from the left edge, named
+            x1, y1 = 96, y[i]
+            out.append(f'<text class="sg-ext" x="70" y="{y[i] - 6}" font-size="10">← {parent + 1}</text>')
+        out.append(
+            f'<line class="sg-edge sg-{esc(relation, 20)}" x1="{x1}" y1="{y1}" x2="{x[i]}" '
+            f'y2="{y[i]}" {style} stroke-width="2"/>'
+        )
     for i, t in sorted(index.items()):
         parent, relation, discarded = edges[i]
         aux = getattr(t, "role", "agent") == "aux"
         fill = "#fff" if discarded else "#4caf50" if parent is None else "#90a4ae" if aux else "#2196f3"
         stroke = ' stroke="#999" stroke-dasharray="3,2"' if discarded else ""
+        stroke = ' stroke="#e91e63" stroke-width="3"' if i == selected else stroke
         ink = "#333" if discarded else "#fff"
         tip = (
-            f"call {i + 1}: {len(t.prompt_token_ids)} prompt + {len(t.completion_token_ids)} completion tokens; "
+            f"call {i + 1}: {t.prompt_len} prompt + {len(t.completion_token_ids)} completion tokens; "
             f"{relation}{f' of call {parent + 1}' if parent is not None else ''}"
             f"{'; discarded' if discarded else ''}{'; auxiliary call' if aux else ''}"
         )
@@ -273,19 +368,23 @@ def result_html(r: RolloutResult) -> str:
     return "".join(lines)
 
 
-def timeline_html(events: Sequence[tuple[float, str]]) -> str:
-    """Progress lines as they arrived, with seconds since the first one."""
+def timeline_html(events: Sequence[tuple[float, str]], limit: int = TIMELINE_EVENTS) -> str:
+    """Progress lines as they arrived (the newest ``limit``), with seconds since the first one."""
     if not events:
         return '<div class="sg-empty">waiting…</div>'
     t0 = events[0][0]
+    shown = events[-limit:]
+    earlier = len(events) - len(shown)
     return (
-        '<ol class="sg-timeline">'
-        + "".join(f'<li><span class="sg-t">{t - t0:6.2f}s</span> {esc(m, 500)}</li>' for t, m in events)
+        (f'<div class="sg-empty">{earlier} earlier progress lines not shown</div>' if earlier else "")
+        + f'<ol class="sg-timeline" start="{earlier + 1}">'
+        + "".join(f'<li><span class="sg-t">{t - t0:6.2f}s</span> {esc(m, 500)}</li>' for t, m in shown)
         + "</ol>"
     )
 
 
-CSS = """
+CSS = (
+    """
 .sg-pre { white-space: pre-wrap; word-break: break-word; max-height: 24em; overflow: auto; font-size: 12px;
   background: var(--block-background-fill); padding: 4px; margin: 2px 0; }
 .sg-turn { border-left: 3px solid #2196f3; margin: 8px 0; padding-left: 8px; }
@@ -294,7 +393,10 @@ CSS = """
 .sg-msg.sg-assistant { border-left: 2px solid #4caf50; padding-left: 6px; }
 .sg-msg.sg-tool { border-left: 2px solid #ff9800; padding-left: 6px; }
 .sg-heatmap { font-family: monospace; font-size: 12px; line-height: 1.8; }
-.sg-tok { white-space: pre-wrap; color: #000; border-radius: 2px; }
+.sg-tok { white-space: pre-wrap; color: #000; border-radius: 2px; position: relative; }
+.sg-tok:hover { outline: 1px solid #333; }
+.sg-tok:hover::after { content: "id " attr(data-id) " · logprob " attr(data-lp); position: absolute; left: 0;
+  top: 1.6em; z-index: 10; background: #333; color: #fff; padding: 1px 4px; border-radius: 3px; white-space: nowrap; }
 .sg-hm-label { font-weight: bold; margin-right: 6px; }
 .sg-bar { display: inline-block; height: 10px; background: #2196f3; }
 .sg-bar-label { display: inline-block; width: 5em; }
@@ -303,3 +405,9 @@ CSS = """
 .sg-error { color: #c62828; white-space: pre-wrap; }
 .sg-empty { opacity: .6; font-style: italic; }
 """
+    + "".join(f".sg-l{k} {{ background: {_lp_colour(-k / LP_SHADES)}; }}\n" for k in range(LP_SHADES + 1))
+    + """
+.sg-turn.sg-selected { border-left-color: #e91e63; background: rgba(233,30,99,.05); }
+.sg-pager { font-size: 13px; padding: 6px 0; }
+"""
+)
