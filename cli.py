@@ -128,6 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from swe_gym_env.server.app import create_app
     from swe_gym_env.server.rollout import ServerConfig
 
+    os.environ["SWE_GYM_BIND_HOST"] = args.host  # an exposed server with no secret is locked: server/security.py
     if args.engine_url:
         os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
     if args.engine_model:
@@ -210,7 +211,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"error ({result.phase}): {result.error}")
         for t in result.turns:
             print(
-                f"  turn {t.index}: {len(t.prompt_token_ids)} prompt ids, {len(t.completion_token_ids)} "
+                f"  turn {t.index}: {t.prompt_len} prompt ids ({len(t.prompt_new_ids)} new), "
+                f"{len(t.completion_token_ids)} "
                 f"completion ids, finish={t.finish_reason}"
             )
     return 0 if result.ok else 1
@@ -331,6 +333,9 @@ BENCHES = {
     "graph": "rollout-graph ingest and bytes per stored token as a rollout grows",
     "rollouts": "concurrent rollouts (built-in engine, local sandbox): success, wall time, time outside the agent",
     "server": "server startup time and idle memory, against a bare Python process",
+    "result": "a long rollout's result size and capture-session memory, compact vs full form (80 calls, 568k tokens)",
+    "long": "concurrent rollouts at real size (80 calls, ~7k tokens each): server RSS per rollout, result size",
+    "soak": "rollouts for a given time: server RSS, open fds, disk, time outside the agent, first vs last 10%%",
 }
 
 
@@ -342,6 +347,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "capture":
         kwargs = {"clients": tuple(args.clients.split(",")), "dialects": tuple(args.dialects.split(","))}
         kwargs["peers"] = tuple(p for p in args.peers.split(",") if p)
+    elif args.bench in ("long", "soak"):
+        kwargs = {k: v for k in ("calls", "concurrency", "minutes") if (v := getattr(args, k, None)) is not None}
     return mod.run(args.json, quick=args.quick, **kwargs)
 
 
@@ -454,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
             bp.add_argument("--clients", default="aiohttp", help="upstream clients to compare, e.g. aiohttp,httpx")
             bp.add_argument("--dialects", default="chat", help="dialects to measure: chat,responses,anthropic,gemini")
             bp.add_argument("--peers", default="", help="peer proxies measured beside ours in the same run: openenv")
+        if name in ("long", "soak"):
+            bp.add_argument("--calls", type=int, help="model calls per rollout (long: 80, soak: 30)")
+            bp.add_argument("--concurrency", type=int, help="rollouts at once (long: 16, soak: 8)")
+        if name == "soak":
+            bp.add_argument("--minutes", type=float, help="how long to keep starting rollouts (30)")
     b.set_defaults(func=cmd_bench)
     i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
     i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")

@@ -6,6 +6,8 @@ can use it without the server's dependencies.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -19,7 +21,10 @@ SandboxBackend: TypeAlias = Literal[*SANDBOXES]  # pyright: ignore[reportInvalid
 AUTO_SANDBOX = "auto"  # a request's default: the server resolves it to the first backend usable there
 # Per harness: the options it takes (`RolloutRequest.harness_options`) and their allowed values.
 HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
-    "pi": {"api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai")},
+    "pi": {
+        "api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"),
+        "compaction": ("off", "on"),  # off by default (server/agents/pi.py: compaction)
+    },
 }
 
 
@@ -74,6 +79,11 @@ class RolloutRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None
     deadline_s: float = Field(default=600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
+    result_form: Literal["compact", "full"] = Field(
+        default="compact",
+        description="compact: each turn carries only what the turn it continues lacks (the result grows with the "
+        "context); full: every turn also carries its whole prompt_token_ids and request (debugging).",
+    )
 
     @model_validator(mode="after")
     def _known_harness_options(self) -> RolloutRequest:
@@ -87,21 +97,42 @@ class RolloutRequest(BaseModel):
 
 
 class Turn(BaseModel):
-    """One model call as the engine saw it: the exact ids the trainer must use."""
+    """One model call as the engine saw it: the exact ids the trainer must use.
+
+    Compact form (schema 2): a turn carries only what the earlier turn it continues did not have. Its prompt is
+    ``prompt_shared`` tokens of turn ``prompt_base``'s prompt + completion, then ``prompt_new_ids``; its request's
+    messages are turn ``messages_base``'s first ``messages_kept`` messages, then ``new_messages``, and its other fields
+    are ``params`` (None: the same as turn ``messages_base``'s). `swe_gym_env.result_form` gives any turn's full prompt
+    ids and request back (``prompt_ids``, ``request_of``, ``expand``). ``prompt_token_ids`` and ``request`` are filled
+    only in the full form (``RolloutRequest.result_form="full"``, or ``result_form.expand``).
+    """
 
     index: int
-    prompt_token_ids: list[int]
+    prompt_len: int = Field(ge=0, description="Tokens in the prompt.")
+    prompt_base: int | None = Field(
+        default=None, description="The earlier turn whose prompt + completion this prompt starts with (None: none)."
+    )
+    prompt_shared: int = Field(default=0, ge=0, description="Tokens taken from prompt_base's prompt + completion.")
+    prompt_new_ids: list[int] = Field(description="The prompt after those tokens.")
     completion_token_ids: list[int]
     logprobs: list[float] = Field(description="Logprob of each sampled completion token, aligned with its ids.")
     finish_reason: str | None
     streamed: bool = Field(description="Whether the agent asked for a streamed reply.")
     wall_s: float
-    request: dict = Field(description="The request as forwarded upstream (messages, tools, sampling).")
+    messages_base: int | None = Field(
+        default=None, description="The earlier turn whose leading request messages this request repeats."
+    )
+    messages_kept: int = Field(default=0, ge=0, description="How many of messages_base's messages come first.")
+    new_messages: list[dict] = Field(default=[], description="The request's messages after those.")
+    params: dict | None = Field(
+        default=None,
+        description="The request without its messages (model, tools, sampling); None: equal to messages_base's.",
+    )
     response_message: dict = Field(description="The assistant message returned to the agent.")
     dialect: str = Field(
         default="openai-chat",
         description="The API dialect the agent spoke (openai-chat, openai-responses, anthropic-messages, gemini); "
-        "`request` is the chat-completions request it was translated into, as the engine got it.",
+        "the request is the chat-completions request it was translated into, as the engine got it.",
     )
     parent: int | None = Field(
         default=None, description="Rollout graph: the call whose whole prompt this prompt holds (None: a root)."
@@ -120,6 +151,109 @@ class Turn(BaseModel):
     discarded: bool = Field(
         default=False, description="Abandoned (retried, or never used by the agent): kept visible, never trained on."
     )
+    sequence: int | None = Field(
+        default=None,
+        description="Index in `RolloutResult.sequences` of the sequence holding this call: its prompt is that "
+        "sequence's tokens [0, prompt_len), its completion [prompt_len, prompt_len + len(completion_token_ids)).",
+    )
+    prompt_token_ids: list[int] | None = Field(default=None, description="Full form only: the whole prompt.")
+    request: dict | None = Field(
+        default=None, description="Full form only: the request as forwarded upstream (messages, tools, sampling)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_full(cls, data: object) -> object:
+        """A turn given in the full form alone (whole prompt and request, as schema 1 had it) stands on its own:
+        nothing taken from an earlier turn."""
+        if isinstance(data, dict) and "prompt_new_ids" not in data and data.get("prompt_token_ids") is not None:
+            data = {**data, **_standalone(data)}
+        return data
+
+
+def _standalone(turn: dict) -> dict:
+    prompt = list(turn["prompt_token_ids"])
+    request = turn.get("request") or {}
+    return {
+        "prompt_len": len(prompt),
+        "prompt_base": None,
+        "prompt_shared": 0,
+        "prompt_new_ids": prompt,
+        "messages_base": None,
+        "messages_kept": 0,
+        "new_messages": list(request.get("messages") or []),
+        "params": {k: v for k, v in request.items() if k != "messages"},
+    }
+
+
+def _canon(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def lcp(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Length of the longest common prefix of two id lists (slices compared in C, a chunk at a time)."""
+    n = min(len(a), len(b))
+    i = start
+    step = 4096
+    while i < n:
+        j = min(n, i + step)
+        if a[i:j] != b[i:j]:
+            while a[i] == b[i]:
+                i += 1
+            return i
+        i = j
+    return n
+
+
+def compact_turns(turns: list[dict]) -> list[dict]:
+    """Full-form turn dicts (each with its whole ``prompt_token_ids`` and ``request``) in the compact form: each
+    prompt and request taken from the earlier turn sharing the longest prefix of ids among its parent, the turn it
+    retries and the turn before it. Exact: `result_form.expand` gives the same prompts and requests back."""
+    out: list[dict] = []
+    canon: dict[int, list[str]] = {}
+    by_index: dict[int, dict] = {}
+    for t in turns:
+        prompt = list(t["prompt_token_ids"])
+        request = t.get("request") or {}
+        messages = list(request.get("messages") or [])
+        params = {k: v for k, v in request.items() if k != "messages"}
+        i = t["index"]
+        best, shared = None, 0
+        for c in dict.fromkeys(x for x in (t.get("parent"), t.get("retry_of"), i - 1) if x is not None):
+            prev = by_index.get(c)
+            if prev is None or c >= i:
+                continue
+            pp, pc = prev["prompt_token_ids"], prev["completion_token_ids"]
+            n = lcp(prompt, pp)
+            if n == len(pp):
+                n += lcp(prompt[n:], pc)
+            if n > shared or (n == shared and n > 0 and best is not None and c > best):
+                best, shared = c, n
+        mine = [_canon(m) for m in messages]
+        kept = 0
+        if best is not None:
+            theirs = canon[best]
+            while kept < min(len(theirs), len(mine)) and theirs[kept] == mine[kept]:
+                kept += 1
+            base_request = by_index[best].get("request") or {}
+            same = _canon(params) == _canon({k: v for k, v in base_request.items() if k != "messages"})
+        else:
+            same = False
+        canon[i] = mine
+        by_index[i] = t
+        compact = {k: v for k, v in t.items() if k not in ("prompt_token_ids", "request")}
+        compact.update(
+            prompt_len=len(prompt),
+            prompt_base=best,
+            prompt_shared=shared,
+            prompt_new_ids=prompt[shared:],
+            messages_base=best,
+            messages_kept=kept,
+            new_messages=messages[kept:],
+            params=None if same else params,
+        )
+        out.append(compact)
+    return out
 
 
 def count_roots(turns: list[Turn]) -> int:
@@ -133,6 +267,9 @@ class SequenceRef(BaseModel):
     turns: list[int] = Field(description="Turn indices, in order.")
     role: Literal["agent", "aux"] = "agent"
     discarded: bool = Field(default=False, description="An abandoned branch: never trained on.")
+    length: int | None = Field(
+        default=None, description="Tokens in the sequence: its last call's prompt + completion (None: not given)."
+    )
 
 
 class Finding(BaseModel):
@@ -184,7 +321,15 @@ class TestReport(BaseModel):
     )
 
 
+SCHEMA_VERSION = 2  # 2: compact turns (each carries what the turn it continues lacks); 1: whole prompt per turn
+
+
 class RolloutResult(BaseModel):
+    schema_version: int = Field(
+        default=SCHEMA_VERSION,
+        description="2: compact turns (read a turn's whole prompt and request with swe_gym_env.result_form); "
+        "a schema-1 result (whole prompt and request on every turn) is upgraded on reading.",
+    )
     rollout_id: str
     ok: bool
     error: str | None = None
@@ -217,6 +362,30 @@ class RolloutResult(BaseModel):
     @property
     def roots(self) -> int:
         return count_roots(self.turns)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: object) -> object:
+        """A schema-1 result (every turn with its whole prompt and request, no compact fields) in the compact form,
+        exactly: prompts and requests come back unchanged from `result_form.expand`."""
+        if not isinstance(data, dict):
+            return data
+        turns = data.get("turns") or []
+        if not any(isinstance(t, dict) and "prompt_new_ids" not in t and "prompt_token_ids" in t for t in turns):
+            return data
+        if not all(isinstance(t, dict) and t.get("prompt_token_ids") is not None for t in turns):
+            raise ValueError("a schema-1 result needs prompt_token_ids on every turn")
+        turns = compact_turns([dict(t) for t in turns])
+        sequences = [dict(s) if isinstance(s, dict) else s.model_dump() for s in data.get("sequences") or []]
+        by_index = {t["index"]: t for t in turns}
+        for k, s in enumerate(sequences):
+            for i in s.get("turns") or []:
+                if i in by_index:
+                    by_index[i]["sequence"] = k
+            last = by_index.get((s.get("turns") or [None])[-1])
+            if last is not None and s.get("length") is None:
+                s["length"] = last["prompt_len"] + len(last["completion_token_ids"])
+        return {**data, "schema_version": SCHEMA_VERSION, "turns": turns, "sequences": sequences}
 
 
 def failed_result(

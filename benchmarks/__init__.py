@@ -1,4 +1,4 @@
-"""Benchmarks: `swe-gym-env bench {capture,graph,rollouts,server} [--json]`.
+"""Benchmarks: `swe-gym-env bench {capture,graph,result,rollouts,server,…} [--json]`.
 
 Each compares against a baseline measured in the same run (absolute times on a shared machine are noise) and prints
 one JSON document (``--json``) or a short table. Not part of the runtime server: the CLI imports a bench lazily, and

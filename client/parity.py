@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swe_gym_env.result_form import TurnsView
 from swe_gym_env.wire import RolloutResult, RolloutStatus, Turn
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -102,8 +103,11 @@ class ParityReport:
 
 
 def sampling_of(turn: Turn) -> tuple[float, int | None, float | None]:
-    """(temperature, top_k, top_p) from the turn's forwarded request; vLLM's defaults where absent."""
-    req = turn.request or {}
+    """(temperature, top_k, top_p) from the turn's forwarded request (a full-form turn: `result_form`); vLLM's
+    defaults where absent."""
+    if turn.request is None:
+        raise ValueError(f"turn {turn.index} is compact: read it with swe_gym_env.result_form (expand)")
+    req = turn.request
     temp = req.get("temperature")
     temperature = 1.0 if temp is None else float(temp)
     top_k = req.get("top_k")
@@ -196,7 +200,9 @@ def shift_of(captured: list[float], computed: list[float], tol: Tolerance) -> in
 
 def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnParity:
     temperature, top_k, top_p = sampling_of(turn)
-    ids, captured = turn.completion_token_ids, list(turn.logprobs)
+    if turn.prompt_token_ids is None:
+        raise ValueError(f"turn {turn.index} is compact: read it with swe_gym_env.result_form (expand)")
+    prompt, ids, captured = turn.prompt_token_ids, turn.completion_token_ids, list(turn.logprobs)
     base: dict[str, Any] = {
         "rollout_id": rollout_id,
         "turn": turn.index,
@@ -208,12 +214,12 @@ def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnP
                           ok=False, diagnosis=f"length: {len(ids)} completion ids but {len(captured)} logprobs "
                           "(ids re-tokenised or cut)")  # fmt: skip
     vocab = model.get_output_embeddings().weight.shape[0]
-    bad = [i for i in [*turn.prompt_token_ids, *ids] if not 0 <= i < vocab]
+    bad = [i for i in [*prompt, *ids] if not 0 <= i < vocab]
     if bad:
         why = f"ids outside the model's vocabulary ({vocab}): {bad[:5]} (another tokenizer?)"
         return TurnParity(**base, mean_abs=math.inf, max_abs=math.inf, first_mismatch=None, ok=False, diagnosis=why)
     # one forward pass per turn: the raw-logprobs check below reads the same logits at temperature 1.0
-    logits = completion_logits(model, turn.prompt_token_ids, ids) if ids else None
+    logits = completion_logits(model, prompt, ids) if ids else None
     computed = [] if logits is None else logprobs_of(logits, ids, temperature, top_k, top_p)
     mean, mx, diffs = _stats(captured, computed)
     first = next((i for i, d in enumerate(diffs) if d > tol.max), None)
@@ -246,8 +252,13 @@ def load_model(model_dir: str | Path, dtype: str = "float32") -> Any:
 def check_rollouts(results: list[RolloutResult], model: Any, tol: Tolerance, dtype: str = "float32") -> ParityReport:
     report = ParityReport(tolerance=tol, dtype=dtype)
     for result in results:
-        for turn in result.turns:
-            report.turns.append(check_turn(model, result.rollout_id, turn, tol))
+        view = TurnsView(result.turns)
+        for turn in result.turns:  # one turn in the full form at a time (its whole prompt and request)
+            full = turn
+            if turn.prompt_token_ids is None or turn.request is None:
+                update = {"prompt_token_ids": view.prompt(turn.index), "request": view.request(turn.index)}
+                full = turn.model_copy(update=update)
+            report.turns.append(check_turn(model, result.rollout_id, full, tol))
     return report
 
 

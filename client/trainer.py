@@ -1,10 +1,11 @@
 """Trainer adapters: rollout results → training rows, using the captured ids and logprobs exactly as they are.
 
-The rows are the rollout graph's sequences (`RolloutResult.sequences`), laid out by `swe_gym_env.sequences`,
-the same code that lays out the server's export: a row is a chain of calls each extending the previous one
-exactly, with loss mask 1 on sampled tokens. Discarded sequences (abandoned branches: retried calls, calls the
-agent never used) never become rows. Rollouts that are not `ok` (or have no reward) yield no rows: an unscorable
-rollout is excluded, never scored 0. A result whose sequences do not match its turns is an error, not a row.
+The rows are the rollout graph's sequences (`RolloutResult.sequences`), read from the compact turns by
+`swe_gym_env.result_form` and laid out by `swe_gym_env.sequences`, the same code that lays out the server's export:
+a row is a chain of calls each extending the previous one exactly, with loss mask 1 on sampled tokens. Discarded
+sequences (abandoned branches: retried calls, calls the agent never used) never become rows. Rollouts that are not
+`ok` (or have no reward) yield no rows: an unscorable rollout is excluded, never scored 0. A result whose sequences do
+not match its turns is an error, not a row.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from swe_gym_env.sequences import SequenceError, check_prefixes, materialize
+from swe_gym_env.result_form import TurnsView
+from swe_gym_env.sequences import SequenceError
 from swe_gym_env.wire import RolloutResult, TrainingRow
 
 
@@ -23,23 +25,19 @@ def training_rows(result: RolloutResult, roles: Iterable[str] = ("agent", "aux")
         return []
     if result.turns and not result.sequences:
         raise SequenceError(f"rollout {result.rollout_id} has turns but no sequences (a result from an older server?)")
-    by_index = {t.index: t for t in result.turns}
+    view = TurnsView(result.turns)
     wanted = set(roles)
     rows = []
     for seq in result.sequences:
         if seq.discarded or seq.role not in wanted:
             continue
         try:
-            chain = [by_index[i] for i in seq.turns]
-        except KeyError as e:
-            raise SequenceError(f"rollout {result.rollout_id}: a sequence names turn {e}, which it lacks") from None
+            chain = [view.turn(i) for i in seq.turns]
+        except SequenceError:
+            raise SequenceError(f"rollout {result.rollout_id}: sequence {seq.turns} names a turn it lacks") from None
         if any(t.discarded for t in chain):
             raise SequenceError(f"rollout {result.rollout_id}: kept sequence {seq.turns} holds a discarded turn")
-        ids, mask, lps = materialize(
-            chain[-1].prompt_token_ids,
-            [(len(t.prompt_token_ids), t.completion_token_ids, t.logprobs) for t in chain],
-        )
-        check_prefixes([t.prompt_token_ids for t in chain], ids)
+        ids, mask, lps = view.sequence_tokens(seq.turns, seq.length)
         rows.append(
             TrainingRow(
                 rollout_id=result.rollout_id,

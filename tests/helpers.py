@@ -124,11 +124,83 @@ class Stack:
             procs.stop(p)
 
 
+def full_turns(source) -> list:
+    """The turns of a result (or a session's turn list) in the full form: each with its whole prompt_token_ids and
+    request (`result_form.expand_turns`)."""
+    from swe_gym_env.result_form import expand_turns
+
+    return expand_turns(getattr(source, "turns", source))
+
+
+def reference_rows(result, roles=("agent", "aux")) -> list[tuple]:
+    """Training rows the schema-1 way (every turn's whole prompt): the old `client.trainer.training_rows`, kept as
+    the reference the compact form must reproduce. (turn indices, role, ids, mask, logprobs) per row."""
+    from swe_gym_env.sequences import check_prefixes, materialize
+
+    if not result.ok or result.reward is None:
+        return []
+    by_index = {t.index: t for t in result.turns}
+    rows = []
+    for seq in result.sequences:
+        if seq.discarded or seq.role not in roles:
+            continue
+        chain = [by_index[i] for i in seq.turns]
+        assert not any(t.discarded for t in chain)
+        ids, mask, lps = materialize(
+            chain[-1].prompt_token_ids,
+            [(len(t.prompt_token_ids), t.completion_token_ids, t.logprobs) for t in chain],
+        )
+        check_prefixes([t.prompt_token_ids for t in chain], ids)
+        rows.append((list(seq.turns), seq.role, ids, mask, lps))
+    return rows
+
+
+def check_result_form(result) -> None:
+    """The golden check, for every rollout result a test gets: compact → expand → compact is identical; the compact
+    fields rebuilt from the full form alone expand to the same full form; training rows from the compact form equal
+    the rows built the old way from the full turns; a schema-1 dump of it reads back as the same compact result."""
+    from swe_gym_env.client.trainer import training_rows
+    from swe_gym_env.result_form import check_sequences, compact, expand, recompact
+    from swe_gym_env.wire import RolloutResult
+
+    assert result.schema_version == 2
+    assert (
+        all(t.prompt_token_ids is None and t.request is None for t in result.turns)
+        or result.turns == expand(result).turns
+    )  # compact, or full and consistent
+    small = compact(result)
+    full = expand(small)
+    assert compact(full) == small
+    again = expand(recompact(full))
+    assert [(t.prompt_token_ids, t.request) for t in again.turns] == [
+        (t.prompt_token_ids, t.request) for t in full.turns
+    ]
+    check_sequences(small)
+    rows = [(r.turn_indices, r.role, r.input_ids, r.loss_mask, r.logprobs) for r in training_rows(small)]
+    assert rows == reference_rows(full)
+    v1 = full.model_dump(mode="json")
+    v1["schema_version"] = 1
+    for t in v1["turns"]:
+        for k in ("prompt_len", "prompt_base", "prompt_shared", "prompt_new_ids", "sequence"):
+            t.pop(k)
+        for k in ("messages_base", "messages_kept", "new_messages", "params"):
+            t.pop(k)
+    for q in v1["sequences"]:
+        q.pop("length")
+    upgraded = RolloutResult.model_validate(v1)
+    assert [(t.prompt_token_ids, t.request) for t in expand(upgraded).turns] == [
+        (t.prompt_token_ids, t.request) for t in full.turns
+    ]
+    assert [r.input_ids for r in training_rows(upgraded)] == [r[2] for r in rows]
+
+
 async def rows_match_export(stack: Stack, result) -> None:
     """The trainer's rows of a rollout equal the kept sequences of its capture session's export (the one derivation
-    of training data): same turns, tokens, loss mask and logprobs, in the same order."""
+    of training data): same turns, tokens, loss mask and logprobs, in the same order. The golden check of the result's
+    compact form runs too (`check_result_form`)."""
     from swe_gym_env.client.trainer import training_rows
 
+    check_result_form(result)
     assert result.capture_session_id, "no capture session"
     headers = {"authorization": f"Bearer {k}"} if (k := stack.env.get("SWE_GYM_ADMIN_KEY")) else {}
     async with httpx.AsyncClient(timeout=30) as http:

@@ -19,8 +19,9 @@ from swe_gym_env.server.capture.openai_chat import ChatDialect
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.capture.upstream import HttpxUpstream
 from swe_gym_env.tasks.catalog import bundled_tasks
+from swe_gym_env.wire import Turn
 
-from helpers import MODEL, PI_TOOLS, Served, engine_app, sse_events
+from helpers import MODEL, PI_TOOLS, Served, engine_app, full_turns, sse_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
@@ -90,7 +91,7 @@ async def test_stream_through_equals_non_stream_and_prompt_ids_equal_tokenize():
         for tc in ch["delta"].get("tool_calls", [])
     )
     assert '"path": "batchtools/chunks.py"' in args
-    streamed, whole = session.turns
+    streamed, whole = full_turns(session)
     assert streamed.streamed and streamed.request["stream"] is True  # streamed through, not replayed
     assert not whole.streamed and whole.request["stream"] is False
     assert streamed.request["model"] == MODEL  # the agent's model name is rewritten
@@ -157,7 +158,7 @@ async def test_first_chunk_arrives_before_the_engine_finishes_and_the_end_waits_
                 gate.set()
                 rest = [line async for line in lines if line]
             assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 2
-            (turn,) = session.turns
+            (turn,) = full_turns(session)
             assert turn.prompt_token_ids == [1, 2, 3] and turn.completion_token_ids == [7, 2]
             assert turn.logprobs == [-0.5, -0.25]
             assert store.load_session(session.id)["calls"][0]["completion_token_ids"] == [7, 2]
@@ -277,7 +278,8 @@ async def test_rewrites_are_reported_as_findings():
     async with agent(proxy, key) as c:
         assert (await c.post("/v1/chat/completions", json=agent_request(tools=[], stream=False))).status_code == 200
         assert (await c.post("/v1/chat/completions", json=agent_request(tools=tools))).status_code == 200
-    assert "tools" not in session.turns[0].request and "$schema" not in json.dumps(session.turns[1].request)
+    first, second = full_turns(session)
+    assert "tools" not in first.request and "$schema" not in json.dumps(second.request)
     proxy.close_session(session)
     codes = {(f.code, f.message.split(" (")[0]) for f in session.findings}
     assert ("rewrite", "removed an empty tools array") in codes
@@ -325,16 +327,20 @@ async def test_session_is_durable_and_reads_back_after_a_restart(tmp_path):
     data = restarted.load_session("rollout-abc")
     assert data["state"] == "abandoned" and data["meta"]["sampling"] == {"seed": 3}
     assert "api_key" not in json.dumps(data["meta"])
-    for stored, turn in zip(data["calls"], session.turns, strict=True):
-        assert stored["prompt_token_ids"] == turn.prompt_token_ids
-        assert stored["completion_token_ids"] == turn.completion_token_ids
-        assert stored["logprobs"] == turn.logprobs  # float64 on disk: the engine's values exactly
-        assert stored["request"]["messages"] == turn.request["messages"]
+    full = full_turns(session)
+    assert len(data["calls"]) == len(full) == 2
+    assert [c["completion_token_ids"] for c in data["calls"]] == [t.completion_token_ids for t in full]
+    assert [c["logprobs"] for c in data["calls"]] == [t.logprobs for t in full]  # float64: the engine's values
     assert session.turns[1].parent == 0 and session.turns[1].relation in ("extends", "drift")
-    tokens = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in session.turns)
+    tokens = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in full)
     assert restarted.stored_bytes("rollout-abc") <= 10 * tokens
     doc = CaptureProxy(restarted).export("rollout-abc")
     assert [t["parent"] for t in doc["turns"]] == [None, 0] and doc["provenance"]["seed"] == 3
+    assert doc["turns"] == proxy.export("rollout-abc")["turns"]  # rebuilt from the store: the same compact turns
+    assert [t.prompt_token_ids for t in full_turns([Turn(**t) for t in doc["turns"]])] == [
+        t.prompt_token_ids for t in full
+    ]
+    assert [t.request for t in full_turns([Turn(**t) for t in doc["turns"]])] == [t.request for t in full]
     assert doc["sequences"] and all(len(s["token_ids"]) == len(s["loss_mask"]) for s in doc["sequences"])
 
 
@@ -526,7 +532,7 @@ async def test_agent_routes_come_from_the_dialect_registry():
     assert chat.json()["choices"][0]["message"]["content"] == "done"
     assert bad.status_code == 400 and bad.json() == {"toy_error": "a toy request needs a prompt", "status": 400}
     assert denied.status_code == 401 and denied.json()["toy_error"] == "unknown or closed capture key"
-    toy_turn, chat_turn = session.turns  # both dialects land in one session, captured alike
+    toy_turn, chat_turn = full_turns(session)  # both dialects land in one session, captured alike
     assert toy_turn.request["model"] == MODEL and toy_turn.request["return_token_ids"] is True
     assert request_text(toy_turn.request) == "say done" and toy_turn.response_message["content"] == "done"
     assert len(toy_turn.completion_token_ids) == len(toy_turn.logprobs) > 0 and chat_turn.request["tools"]

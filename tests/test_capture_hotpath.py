@@ -15,6 +15,8 @@ from swe_gym_env.server.capture.ids import cut_prompt_ids, parse_id_list
 from swe_gym_env.server.capture.openai_chat import ChatDialect, ChatStream, StreamAccumulator
 from swe_gym_env.server.capture.streaming import stream_through
 
+from helpers import full_turns
+
 pytestmark = pytest.mark.anyio
 
 PROMPT = [*range(7, 7 + 3000), 2**31 - 1, 0]
@@ -241,7 +243,7 @@ async def test_a_40k_token_first_chunk_over_real_http_is_captured_exactly():
         await proxy.aclose()
     assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and "error" not in r.text
     assert b"prompt_token_ids" not in r.content and b"token_ids" not in r.content
-    assert session.turns[0].prompt_token_ids == prompt
+    assert full_turns(session)[0].prompt_token_ids == prompt
     assert session.turns[0].completion_token_ids == [11, 12, 13]
     assert session.turns[0].logprobs == [-0.25, -0.25, -1.5]
 

@@ -59,7 +59,8 @@ def test_rollout_without_a_server_then_export(engine, tmp_path):
     assert out.returncode == 0 and "exported 3 rollouts" in out.stdout
     rows = [json.loads(line) for line in exported.read_text().splitlines()]
     assert sorted(r["rollout_id"] for r in rows) == sorted(r["rollout_id"] for r in results)
-    assert all(t["prompt_token_ids"] and t["logprobs"] for r in rows for t in r["turns"])
+    assert all(r["schema_version"] == 2 for r in rows)  # compact: each prompt once, in the turns that add to it
+    assert all(t["prompt_len"] and t["prompt_new_ids"] is not None and t["logprobs"] for r in rows for t in r["turns"])
 
 
 @pytest.mark.usefixtures("need_sandbox")

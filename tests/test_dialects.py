@@ -33,9 +33,9 @@ from swe_gym_env.server.capture.dialect import DialectRoute
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.capture.translated import TranslatedDialect
 from swe_gym_env.server.capture.upstream import HttpxUpstream
-from swe_gym_env.wire import HARNESS_OPTIONS, RolloutRequest
+from swe_gym_env.wire import HARNESS_OPTIONS, RolloutRequest, Turn
 
-from helpers import MODEL, Served, Stack, engine_app, rows_match_export
+from helpers import MODEL, Served, Stack, engine_app, full_turns, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_tokenizer")]
 
@@ -172,11 +172,11 @@ async def test_recorded_sessions_link_turn_by_turn_in_every_dialect(api, scenari
     replies = await replay(proxy, key, fixture(api, scenario)["calls"])
     assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
     proxy.close_session(session)
-    first, second = session.turns
+    first, second = full = full_turns(session)
     assert (second.parent, second.relation) == (0, "extends")  # turn 2's prompt = turn 1's prompt + completion + …
     assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
     assert {t.dialect for t in session.turns} == {PI_APIS[api]}
-    for t in session.turns:  # the engine's own ids for the chat request we sent
+    for t in full:  # the engine's own ids for the chat request we sent
         assert t.prompt_token_ids == await tokenize(t.request)
         assert t.request["return_token_ids"] is True and t.request["model"] == MODEL
     if api != "openai-completions":
@@ -192,7 +192,7 @@ async def test_the_same_conversation_gives_the_same_prompt_ids_in_chat_and_respo
         proxy = make_proxy(engine_app())
         session, key = open_session(proxy)
         await replay(proxy, key, fixture(api, "tools")["calls"])
-        ids[api] = [t.prompt_token_ids for t in session.turns]
+        ids[api] = [t.prompt_token_ids for t in full_turns(session)]
     assert ids["openai-completions"][0] == ids["openai-responses"][0]
     assert len(ids["openai-completions"][1]) == len(ids["openai-responses"][1])
 
@@ -457,7 +457,7 @@ async def test_every_stop_reason_streamed_and_not_gives_the_same_ids_and_content
             assert told[True]["reasoning"] == "".join(script.get("reasoning", []))
             calls = [(f"call_stub_{i}", n, json.loads(a)) for i, (n, a) in enumerate(script.get("tool_calls", []))]
             assert told[True]["calls"] == calls
-            plain, streamed = session.turns[-2:]
+            plain, streamed = full_turns(session)[-2:]
             assert not plain.streamed and streamed.streamed and streamed.request["stream"] is True
             assert plain.prompt_token_ids == streamed.prompt_token_ids
             assert plain.completion_token_ids == streamed.completion_token_ids and plain.logprobs == streamed.logprobs
@@ -555,7 +555,7 @@ async def test_responses_refuses_previous_response_id_and_reports_hosted_tools()
         "custom tools offered as functions with one string parameter `input`",
         "store ignored (responses are not stored)",
     }
-    assert [t["function"]["name"] for t in session.turns[0].request["tools"]] == ["apply_patch"]
+    assert [t["function"]["name"] for t in full_turns(session)[0].request["tools"]] == ["apply_patch"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -588,7 +588,7 @@ async def test_aux_calls_are_answered_and_recorded_but_never_turns():
         ):
             assert (await c.post(path, json=body)).status_code == 200
     proxy.close_session(session)
-    anthropic, gemini, responses = (len(t.prompt_token_ids) for t in session.turns)
+    anthropic, gemini, responses = (t.prompt_len for t in session.turns)
     assert counted == {"input_tokens": anthropic} and g.json() == {"totalTokens": gemini}
     assert i == {"object": "response.input_tokens", "input_tokens": responses}
     assert (
@@ -635,7 +635,8 @@ async def test_the_export_keeps_each_turns_dialect_across_a_restart(tmp_path):
     again = CaptureProxy(CaptureStore(tmp_path / "c.sqlite")).export(session.id)
     assert live == again
     assert [t["dialect"] for t in again["turns"]] == ["anthropic-messages", "anthropic-messages", "gemini"]
-    assert again["turns"][1]["request"]["messages"][2]["tool_calls"][0]["function"]["name"] == "edit"
+    second = full_turns([Turn.model_validate(t) for t in again["turns"]])[1]  # the export's turns are compact
+    assert second.request is not None and second.request["messages"][2]["tool_calls"][0]["function"]["name"] == "edit"
 
 
 def test_harness_options_are_validated_and_pi_gets_a_provider_per_api():

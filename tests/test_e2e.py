@@ -13,7 +13,7 @@ import pytest
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.client.trainer import training_rows
 
-from helpers import ME, Stack, rows_match_export
+from helpers import ME, Stack, full_turns, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 
@@ -48,7 +48,7 @@ async def test_oracle_rollout_over_mcp_is_ok_rewarded_and_token_exact(oracle_sta
     await rows_match_export(oracle_stack, result)
     assert "-(-len(items) // size)" in result.model_patch
     async with httpx.AsyncClient() as http:
-        for turn in result.turns:
+        for turn in full_turns(result):
             tok = await http.post(
                 oracle_stack.engine_url("/tokenize"),
                 json={"messages": turn.request["messages"], "tools": turn.request.get("tools")},

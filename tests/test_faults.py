@@ -429,7 +429,7 @@ async def test_server_killed_mid_rollout_leaves_a_failed_result_and_readable_cal
             assert status["result"]["phase"] == "agent"
             doc = (await http.get(f"{base}/capture/sessions/{rid}/export")).json()
         assert doc["session_id"] == rid and len(doc["turns"]) >= 1
-        assert doc["turns"][0]["prompt_token_ids"] and doc["turns"][0]["completion_token_ids"]
+        assert doc["turns"][0]["prompt_new_ids"] and doc["turns"][0]["completion_token_ids"]
         assert owned_temp(old) == set(), "the restarted server reaps the dead one's sandbox dirs"
         assert stack.health()["capture_sessions"] == 0 and stack.health()["rollouts_in_flight"] == 0
     finally:

@@ -322,15 +322,19 @@ def test_task_seen_only_in_an_agent_calls_request():
     s = CaptureSession(id="s", engine=EngineTarget("http://e/v1", "m"), max_calls=5, max_tokens=5, call_timeout_s=5)
     b = Build()
     b.call([*SYS, *USER], [1])
-    aux = b.turns[0].model_copy(
-        update={"role": "aux", "request": {"messages": [{"role": "user", "content": f"Title: {problem}"}]}}
-    )
+
+    def asks(index: int, content, role: str = "agent") -> Turn:  # a turn whose request holds one user message
+        messages = [{"role": "user", "content": content}]
+        return b.turns[0].model_copy(
+            update={"index": index, "role": role, "messages_base": None, "messages_kept": 0, "new_messages": messages}
+        )
+
+    aux = asks(0, f"Title: {problem}", role="aux")
     s.turns = [aux]
     assert not saw_task(s, problem)  # only an aux call (a title generator) carried it
     parts = [{"type": "text", "text": "Fix this:"}, {"type": "text", "text": "The last chunk is dropped when the size"}]
-    agent = b.turns[0].model_copy(update={"request": {"messages": [{"role": "user", "content": parts}]}})
-    s.turns = [aux, agent]
+    s.turns = [aux, asks(1, parts)]
     assert not saw_task(s, problem)  # a part of it is not the task
     parts[1]["text"] = " The last chunk is\n dropped when the size does not divide the length. Thanks"
-    s.turns = [aux, agent.model_copy(update={"request": {"messages": [{"role": "user", "content": parts}]}})]
+    s.turns = [aux, asks(1, parts)]
     assert saw_task(s, problem)  # whitespace normalised

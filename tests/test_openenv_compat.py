@@ -530,7 +530,7 @@ async def test_openenv_own_clients_run_real_rollouts(tmp_path):
         http = out["http_rollout"]
         assert http["ok"] is True, http["error"]
         assert http["reward"] == 1.0 and http["grading"]["resolution"] == "RESOLVED_FULL"
-        assert len(http["turns"]) >= 2 and all(t["prompt_token_ids"] for t in http["turns"])
+        assert len(http["turns"]) >= 2 and all(t["prompt_len"] for t in http["turns"])
         assert out["ws_step_total"] == 6
 
         ws = out["ws_rollout"]

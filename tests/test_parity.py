@@ -34,7 +34,7 @@ from swe_gym_env.client.parity import TOLERANCES, load_rollouts, sampling_of, sh
 from swe_gym_env.server.assets import tokenizer_dir
 from swe_gym_env.wire import RolloutResult, RolloutStatus, RolloutSummary, Turn
 
-from helpers import ME, MODEL, Stack, rows_match_export
+from helpers import ME, MODEL, Stack, full_turns, rows_match_export
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_PYTHON = REPO / ".trl-venv" / "bin" / "python"
@@ -246,7 +246,7 @@ def _retokenised(turn: Turn) -> list[int]:
 @pytest.mark.slow
 def test_broken_copies_fail_and_say_why(need_pi, live):
     hot, cold = live["results"]  # temperature 1.0, 0.7
-    t, c = hot.turns[0], cold.turns[0]
+    t, c = full_turns(hot)[0], full_turns(cold)[0]  # the full form: each copy below breaks its whole prompt
     assert len(t.completion_token_ids) >= 6 and len(c.completion_token_ids) >= 6
     shifted = t.model_copy(
         update={

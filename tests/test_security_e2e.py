@@ -28,7 +28,7 @@ from swe_gym_env.tasks.catalog import BUNDLED_DIR
 from swe_gym_env.tasks.loaders import load_tasks
 from swe_gym_env.wire import RolloutResult
 
-from helpers import Stack
+from helpers import Stack, full_turns
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 
@@ -156,7 +156,7 @@ def test_the_agent_run_is_ok_and_saw_its_own_capture_key(dumped):
 
 def test_a_capture_key_is_useless_after_its_rollout_and_unknown_keys_are_refused(srv, dumped):
     result, _ = dumped
-    keys = set(re.findall(r"sgk-[A-Za-z0-9_-]{20,}", json.dumps(result.turns[-1].request)))
+    keys = set(re.findall(r"sgk-[A-Za-z0-9_-]{20,}", json.dumps(full_turns(result)[-1].request)))
     assert len(keys) == 1, "the agent's dump should show its capture key"
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     for key in (*keys, "sgk-unknown", ADMIN, TOKEN):
@@ -188,7 +188,7 @@ async def test_run_rollout_without_the_access_token_is_refused_before_anything_r
 def test_no_server_secret_reaches_the_sandbox_results_or_argv(srv, dumped):
     result, seen_argv = dumped
     everything = result.model_dump_json()
-    dump = json.dumps(result.turns[-1].request)
+    dump = json.dumps(full_turns(result)[-1].request)
     assert "SWE_GYM_CAPTURE_KEY=" in dump and "PI_CODING_AGENT_DIR" in dump  # the dump ran
     assert "swe_gym_env.cli serve" not in dump  # inside its own pid namespace: the host's processes are hidden
     for secret in SERVER_SECRETS:
@@ -201,7 +201,7 @@ def test_no_server_secret_reaches_the_sandbox_results_or_argv(srv, dumped):
 
 def test_no_secret_in_server_logs(srv, dumped):
     result, _ = dumped
-    key = re.findall(r"sgk-[A-Za-z0-9_-]{20,}", json.dumps(result.turns[-1].request))[0]
+    key = re.findall(r"sgk-[A-Za-z0-9_-]{20,}", json.dumps(full_turns(result)[-1].request))[0]
     log = srv.log.read_text(errors="replace")
     for secret in (*SERVER_SECRETS, key):
         assert secret not in log

@@ -16,7 +16,7 @@ from conftest import docker_ready, require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 
-from helpers import Stack, rows_match_export
+from helpers import Stack, full_turns, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_opencode")]
 
@@ -66,7 +66,7 @@ async def test_rollout_in_the_tasks_own_image(stack, task, harness):
     assert report.graded_by == "install_config" and report.junit_cross_check == "match"
     assert report.environment.startswith("the image's conda env testbed"), report.environment
     # the probe's answer is in the prompt of the call after it: what the agent's own commands ran in
-    probe = [t for t in result.turns[1:] if "probe: python=" in str(t.request.get("messages"))]
+    probe = [t for t in full_turns(result)[1:] if "probe: python=" in str(t.request.get("messages"))]
     assert probe, "the probe's output never reached the model"
     said = str(probe[0].request["messages"])
     assert f"python={TESTBED_PYTHON}" in said and "env=testbed" in said and "node=none" in said, said[-1500:]

@@ -123,6 +123,7 @@ SCRIPT = textwrap.dedent(
     base_url, model_dir = sys.argv[1], sys.argv[2]
     t0 = time.monotonic()
     from swe_gym_env.client.trl_adapter import REQUIRED_KEYS, env_reward_func, make_rollout_func
+    from swe_gym_env.result_form import expand_turns
 
     heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "trl", "transformers", "fastapi", "fastmcp")]
     assert not heavy and not any(m.startswith("swe_gym_env.server") for m in sys.modules), heavy
@@ -149,9 +150,9 @@ SCRIPT = textwrap.dedent(
     assert out["env_reward"] == [1.0, None] and out["env_error"][0] is None and out["env_error"][1]
     assert out["env_rollout_id"] == [good.rollout_id, bad.rollout_id]
     full, lps, mask = out["prompt_ids"][0] + out["completion_ids"][0], out["logprobs"][0], out["env_mask"][0]
-    assert out["prompt_ids"][0] == good.turns[0].prompt_token_ids
+    assert out["prompt_ids"][0] == expand_turns(good.turns)[0].prompt_token_ids
     plen = len(out["prompt_ids"][0])
-    for tr in good.turns:  # the oracle's turns chain exactly: every captured id and logprob is where it belongs
+    for tr in expand_turns(good.turns):  # the oracle's turns chain exactly: each captured id and logprob in place
         a, b = len(tr.prompt_token_ids), len(tr.prompt_token_ids) + len(tr.completion_token_ids)
         assert full[:a] == tr.prompt_token_ids and full[a:b] == tr.completion_token_ids
         assert lps[a - plen : b - plen] == tr.logprobs and set(mask[a - plen : b - plen]) == {1}

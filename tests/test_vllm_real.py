@@ -43,7 +43,7 @@ from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import OraclePolicy
 from swe_gym_env.tasks.catalog import bundled_tasks
 
-from helpers import MODEL, PI_TOOLS, engine_client, sse_events
+from helpers import MODEL, PI_TOOLS, engine_client, full_turns, sse_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
 
@@ -510,7 +510,7 @@ def _agent_body(stream: bool, **extra) -> dict:
 async def test_capture_stream_through_equals_non_stream_on_real_vllm(vllm_url):
     session, (streamed, plain) = await _through(vllm_url, [_agent_body(True), _agent_body(False)])
     assert streamed.status_code == 200 and plain.status_code == 200, (streamed.text, plain.text)
-    s, p = session.turns
+    s, p = full_turns(session)
     assert s.streamed and s.request["stream"] is True and not p.streamed
     assert s.prompt_token_ids == p.prompt_token_ids
     assert s.completion_token_ids == p.completion_token_ids, "seeded stream-through ids differ from non-stream ids"
@@ -575,7 +575,7 @@ async def test_pi_on_every_api_gets_vllms_own_prompt_ids(vllm_url, vllm_stack, a
     assert result.turns, result.error  # the 135M model need not solve anything: its calls must be captured
     assert {t.dialect for t in result.turns} == {PI_APIS[api]}
     async with vllm_client(vllm_url) as v:
-        for t in result.turns:
+        for t in full_turns(result):
             assert t.prompt_token_ids == await _tokenize_request(v, t.request), f"turn {t.index} ({api})"
             assert len(t.completion_token_ids) == len(t.logprobs) > 0 and all(lp <= 0 for lp in t.logprobs)
     print(f"pi/{api}: {len(result.turns)} turns, ok={result.ok}, reward={result.reward}, {result.cross_check}")
@@ -610,7 +610,7 @@ async def test_each_dialect_streamed_and_whole_gives_the_same_ids_on_real_vllm(v
             assert r.status_code == 200, r.text
     proxy.close_session(session)
     await proxy.aclose()
-    streamed, whole = session.turns
+    streamed, whole = full_turns(session)
     assert streamed.streamed and not whole.streamed
     assert streamed.prompt_token_ids == whole.prompt_token_ids
     assert streamed.completion_token_ids == whole.completion_token_ids, "seeded stream ids differ from whole ids"

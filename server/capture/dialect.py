@@ -60,7 +60,6 @@ class CapturedCall:
     message: dict  # the assistant message, chat-shaped: role, content, tool_calls
     finish_reason: str | None
     usage: dict | None
-    prompt_list: list[int] | None = None  # the prompt ids as a list, where one was made already (a turn's wire form)
 
 
 @dataclass(frozen=True)

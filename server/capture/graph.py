@@ -11,14 +11,16 @@ agent) as discarded and each call's role; ``segments`` cuts the graph into train
 
 Linking cost does not grow with the number of nodes: every node's prefixes are indexed by a rolling hash at block
 boundaries, so finding the parent costs one pass over the new prompt plus a few exact comparisons. Ids are kept as
-int32 and logprobs as float64 arrays (the engine's values exactly).
+int32 and logprobs as float64 arrays (the engine's values exactly). Calls share storage: a call that extends the call
+at the tip of a chain's arena appends its new tokens there (its prompt and completion are views); one that forks
+keeps a copy of its own, which later calls extending it grow. A linear conversation costs about its final context.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -34,28 +36,92 @@ Relation = Literal["root", "extends", "drift"]
 Role = Literal["agent", "aux"]
 
 
-@dataclass
+class Arena:
+    """A growing int32 buffer holding one chain of calls' tokens: a call that extends the call at its tip appends its
+    new tokens, so a linear conversation costs its final context (plus growth room), not the sum of its prompts."""
+
+    __slots__ = ("buf", "size")
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.buf = ids
+        self.size = len(ids)
+
+    def append(self, ids: np.ndarray) -> None:
+        end = self.size + len(ids)
+        if end > len(self.buf):
+            grown = np.empty(max(end, 2 * len(self.buf), 1024), dtype=np.int32)
+            grown[: self.size] = self.buf[: self.size]
+            self.buf = grown
+        self.buf[self.size : end] = ids
+        self.size = end
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
+
+    def trim(self) -> None:
+        """Drop the growth room (nodes read views of ``buf`` afresh, so none is left pointing at the old one)."""
+        if len(self.buf) > self.size:
+            self.buf = self.buf[: self.size].copy()
+
+
 class Node:
-    index: int
-    prompt: np.ndarray  # int32
-    completion: np.ndarray  # int32
-    logprobs: np.ndarray  # float64: exactly the values the engine sent
-    parent: int | None = None  # the call whose whole prompt this prompt holds (None: a root)
-    relation: Relation = "root"  # extends: holds the parent's prompt + completion exactly; drift: re-tokenised
-    retry_of: int | None = None  # an earlier call with exactly this prompt (a retry or resample)
-    base: int | None = None  # the earlier node whose prompt + completion shares the longest prefix with this prompt
-    shared: int = 0  # how many tokens it shares
-    root: int = 0
-    children: list[int] = field(default_factory=list)
-    discarded: bool = False
-    role: Role = "agent"
+    """A call: its prompt + completion are ``[off, off + seq_len)`` of an arena it may share with the calls it
+    continues (views, never copies)."""
+
+    __slots__ = (
+        "arena",
+        "base",
+        "children",
+        "completion_len",
+        "discarded",
+        "index",
+        "logprobs",
+        "off",
+        "parent",
+        "prompt_len",
+        "relation",
+        "retry_of",
+        "role",
+        "root",
+        "shared",
+    )
+
+    def __init__(self, index: int, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray) -> None:
+        self.index = index
+        self.logprobs = logprobs  # float64: exactly the values the engine sent
+        self.parent: int | None = None  # the call whose whole prompt this prompt holds (None: a root)
+        self.relation: Relation = "root"  # extends: holds the parent's prompt + completion exactly; drift: re-tokenised
+        self.retry_of: int | None = None  # an earlier call with exactly this prompt (a retry or resample)
+        self.base: int | None = None  # the earlier node whose prompt + completion shares the longest prefix
+        self.shared = 0  # how many tokens it shares
+        self.root = 0
+        self.children: list[int] = []
+        self.discarded = False
+        self.role: Role = "agent"
+        self.arena = Arena(np.concatenate([prompt, completion]).astype(np.int32, copy=False))  # its own until commit
+        self.off = 0
+        self.prompt_len = len(prompt)
+        self.completion_len = len(completion)
+
+    @property
+    def prompt(self) -> np.ndarray:  # int32, a view
+        return self.arena.buf[self.off : self.off + self.prompt_len]
+
+    @property
+    def completion(self) -> np.ndarray:  # int32, a view
+        start = self.off + self.prompt_len
+        return self.arena.buf[start : start + self.completion_len]
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt) + len(self.completion)
+        return self.prompt_len + self.completion_len
 
     def seq(self) -> np.ndarray:
-        return np.concatenate([self.prompt, self.completion])
+        return self.arena.buf[self.off : self.off + self.seq_len]
+
+    def at_tip(self) -> bool:
+        return self.arena.size == self.off + self.seq_len
 
 
 @dataclass
@@ -68,23 +134,22 @@ class Segment:
 
 
 class _PrefixHasher:
-    """Polynomial prefix hashes mod 2**64, vectorised: H[i] = sum_{j<=i} (x_j + 1) * B^-j."""
+    """Polynomial prefix hashes mod 2**64, vectorised: H[i] = sum_{j<=i} (x_j + 1) * B^-j. The table of powers is
+    shared by every graph (it only grows: one table for the longest prompt seen, not one per session)."""
 
     BASE = np.uint64(1_000_003)
+    _inv = np.uint64(pow(int(BASE), -1, 2**64))
+    _pows = np.ones(1, dtype=np.uint64)
 
-    def __init__(self) -> None:
-        inv = pow(int(self.BASE), -1, 2**64)
-        self._inv = np.uint64(inv)
-        self._pows = np.ones(1, dtype=np.uint64)
-
-    def _powers(self, n: int) -> np.ndarray:
-        if len(self._pows) < n:
-            size = max(n, 2 * len(self._pows))
+    @classmethod
+    def _powers(cls, n: int) -> np.ndarray:
+        if len(cls._pows) < n:
+            size = max(n, 2 * len(cls._pows))
             with np.errstate(over="ignore"):
-                p = np.full(size, self._inv, dtype=np.uint64)
+                p = np.full(size, cls._inv, dtype=np.uint64)
                 p[0] = 1
-                self._pows = np.cumprod(p, dtype=np.uint64)
-        return self._pows[:n]
+                cls._pows = np.cumprod(p, dtype=np.uint64)
+        return cls._pows[:n]
 
     def block_keys(self, ids: np.ndarray) -> np.ndarray:
         """Keys of the prefixes of length BLOCK, 2·BLOCK, … (uint64)."""
@@ -121,6 +186,7 @@ class RolloutGraph:
         # indexed prefix -> the node with it (an int: most prefixes have one) or the nodes (a list, up to MAX_PER_KEY)
         self._index: dict[int, int | list[int]] = {}
         self._hasher = _PrefixHasher()
+        self.sealed = False
 
     def add(self, prompt: list[int] | np.ndarray, completion: list[int] | np.ndarray, logprobs) -> list[Finding]:
         node, keys, findings = self.link(prompt, completion, logprobs)
@@ -129,6 +195,8 @@ class RolloutGraph:
 
     def link(self, prompt, completion, logprobs) -> tuple[Node, np.ndarray, list[Finding]]:
         """Work out where a new call belongs, without changing the graph (``commit`` adds it)."""
+        if self.sealed:
+            raise ValueError("the graph is sealed: its session closed")
         p = np.asarray(prompt, dtype=np.int32)
         c = np.asarray(completion, dtype=np.int32)
         node = Node(len(self.nodes), p, c, np.asarray(logprobs, dtype=np.float64))
@@ -138,6 +206,11 @@ class RolloutGraph:
     def commit(self, node: Node, keys: np.ndarray) -> None:
         if node.index != len(self.nodes):
             raise ValueError("commit the nodes in the order they were linked")
+        base = self.nodes[node.base] if node.base is not None else None
+        if base is not None and node.shared == base.seq_len and base.at_tip():  # continues the chain at its tip
+            own = node.seq()
+            base.arena.append(own[node.shared :])
+            node.arena, node.off = base.arena, base.off
         self.nodes.append(node)
         if node.parent is not None:
             self.nodes[node.parent].children.append(node.index)
@@ -221,6 +294,13 @@ class RolloutGraph:
                 turn=node.index,
             )
         ]
+
+    def seal(self) -> None:
+        """No more calls (the session closed): free the prefix index and the arenas' growth room; reading stays."""
+        self.sealed = True
+        self._index = {}
+        for arena in {id(n.arena): n.arena for n in self.nodes}.values():
+            arena.trim()
 
     # -- reading -------------------------------------------------------------------------------------------------
     def roots(self) -> list[int]:
@@ -318,4 +398,5 @@ class RolloutGraph:
         return docs
 
     def stored_bytes(self) -> int:
-        return sum(n.prompt.nbytes + n.completion.nbytes + n.logprobs.nbytes for n in self.nodes)
+        arenas = {id(n.arena): n.arena.nbytes for n in self.nodes}
+        return sum(arenas.values()) + sum(n.logprobs.nbytes for n in self.nodes)

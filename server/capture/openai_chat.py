@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import time
 import uuid
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +94,6 @@ def call_from_reply(data: Any) -> CapturedCall:
         message={"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls") or []},
         finish_reason=choice.get("finish_reason"),
         usage=data.get("usage"),
-        prompt_list=data["prompt_token_ids"],  # checked: the list the reply carried
     )
 
 
@@ -105,7 +103,6 @@ class StreamAccumulator:
 
     prompt_token_ids: Any = None
     prompt_raw: bytes | None = None  # the first chunk's prompt ids as the engine wrote them, parsed by `settle`
-    prompt_list: list[int] | None = None  # `settle`'s ids as a list (what the turn records)
     token_ids: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     content: list[str] = field(default_factory=list)
@@ -160,8 +157,6 @@ class StreamAccumulator:
             except ValueError:
                 raise DialectError(502, "engine streamed prompt_token_ids that are not JSON") from None
         self.prompt_token_ids = ids
-        if isinstance(ids, array):  # the turn's list, made here while the engine is still generating
-            self.prompt_list = ids.tolist()
 
     def call(self) -> CapturedCall:
         self.settle()
@@ -174,7 +169,6 @@ class StreamAccumulator:
             message={"role": "assistant", "content": "".join(self.content) or None, "tool_calls": calls},
             finish_reason=self.finish_reason,
             usage=self.usage,
-            prompt_list=self.prompt_list,
         )
 
 

@@ -10,7 +10,8 @@ reply is held until the call is stored.
 Agent-facing: one route per route of each registered dialect (`registry.DIALECTS`: OpenAI chat completions and
 Responses, Anthropic Messages, Gemini), the only routes a sandbox can reach. Auxiliary routes (token counting, model
 lists) are answered by their dialect and recorded as session events and an ``aux_call`` finding, never as turns.
-Each turn records the dialect the agent spoke (`Turn.dialect`) and the engine request it was translated into.
+Each turn records the dialect the agent spoke (`Turn.dialect`) and the engine request it was translated into, in the
+compact form (`wire.Turn`): its new prompt ids and new messages only, never a whole prompt or request per call.
 Admin: see `admin`.
 """
 
@@ -32,6 +33,7 @@ from starlette.routing import Route
 
 from swe_gym_env.server.capture import export as exporting
 from swe_gym_env.server.capture.admin import AdminApi
+from swe_gym_env.server.capture.compact import RequestDigests
 from swe_gym_env.server.capture.dialect import AgentRequest, AuxCall, CapturedCall, Dialect, DialectError, DialectRoute
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
@@ -51,6 +53,7 @@ from swe_gym_env.wire import Finding, Turn
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_FAILURE_FINDINGS = 20  # per session; the rest are counted in one finding
+KEEP_CLOSED_STORED = 32  # closed sessions kept in memory when the store has them (the rest read back from it)
 SESSION_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 BUDGET_MESSAGE = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
 
@@ -137,6 +140,8 @@ class CaptureProxy:
             if s is session:
                 del self._by_key[h]
         self._finalize(session, self._aux.pop(session.id, Counter()))
+        session.graph.seal()  # no more calls: its prefix index and growth room go
+        session.requests = RequestDigests()
         if self.store is not None:
             self.store.close_session(
                 session.id,
@@ -187,7 +192,11 @@ class CaptureProxy:
     def open_sessions(self) -> int:
         return len(self._by_key)
 
-    def _trim(self, keep_closed: int = 512) -> None:
+    def _trim(self, keep_closed: int | None = None) -> None:
+        """Forget the oldest closed sessions: with a store they read back from it (the same document), so only a few
+        stay in memory; without one, up to 512."""
+        if keep_closed is None:
+            keep_closed = KEEP_CLOSED_STORED if self.store is not None else 512
         closed = [sid for sid, s in self.sessions.items() if s.closed]
         for sid in closed[: max(0, len(closed) - keep_closed)]:
             del self.sessions[sid]
@@ -387,15 +396,20 @@ class CaptureProxy:
             except Exception as e:  # never answer a call we could not keep
                 raise DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
         g.commit(node, keys)
+        messages = up.get("messages") or []
+        request = session.requests.add(node.base, messages, {k: v for k, v in up.items() if k != "messages"})
         turn = Turn.model_construct(  # every field is checked already (ids and logprobs by the dialect)
             index=index,
-            prompt_token_ids=call.prompt_list if call.prompt_list is not None else call.prompt_token_ids.tolist(),
+            prompt_len=node.prompt_len,
+            prompt_base=node.base,
+            prompt_shared=node.shared,
+            prompt_new_ids=node.prompt[node.shared :].tolist(),  # what no earlier call had: the rest is the graph's
             completion_token_ids=call.completion_token_ids.tolist(),
             logprobs=call.logprobs.tolist(),
             finish_reason=call.finish_reason,
             streamed=streamed,
             wall_s=round(wall, 4),
-            request=up,
+            **request,
             response_message=call.message,
             dialect=dialect.name,
             parent=node.parent,

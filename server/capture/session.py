@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from swe_gym_env.server.capture.compact import RequestDigests
 from swe_gym_env.server.capture.graph import RolloutGraph, Segment
 from swe_gym_env.wire import Finding, Turn
 
@@ -61,6 +62,7 @@ class CaptureSession:
     last_call_at: float | None = None
     on_turn: Callable[[Turn], None] | None = None
     graph: RolloutGraph = field(default_factory=RolloutGraph)
+    requests: RequestDigests = field(default_factory=RequestDigests)  # per turn: digests its successors compare to
     subscribers: list[asyncio.Queue] = field(default_factory=list)
     pumps: set[asyncio.Task] = field(default_factory=set)  # upstream calls in flight: cancelled when it closes
 

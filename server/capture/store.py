@@ -3,7 +3,8 @@
 One database per server data dir. Token ids are stored as int32 and logprobs as float64 blobs; a prompt is stored as
 (base call, shared prefix length, the rest), so a long conversation costs its new tokens, not its whole history on
 every call. Messages likewise: only those past the previous call's are stored. A session can be read back after a
-server restart (`load_session`), with its calls, findings and state.
+server restart (`load_session`), with its calls (in that stored form: `capture.export` rebuilds them), findings and
+state.
 """
 
 from __future__ import annotations
@@ -162,24 +163,20 @@ class CaptureStore:
             return None
         created, state, meta, closed, stop_reason, findings, errors, budget_replies, demoted = row
         calls = []
-        seqs: list[np.ndarray] = []
-        messages: list[Any] = []
         for r in self.db.execute(
             "SELECT idx, at, base, shared, prompt_rest, completion, logprobs, finish_reason, streamed, wall_s, "
             "keep_messages, new_messages, request, response, dialect FROM calls WHERE session_id = ? ORDER BY idx",
             (session_id,),
         ):
             idx, at, base, shared, rest, comp, lps, finish, streamed, wall, keep, new, request, response, dialect = r
-            head = seqs[base][:shared] if base is not None else np.empty(0, np.int32)
-            prompt = np.concatenate([head, np.frombuffer(rest, np.int32)])
             completion = np.frombuffer(comp, np.int32)
-            seqs.append(np.concatenate([prompt, completion]))
-            messages = messages[:keep] + json.loads(new)
             calls.append(
-                {
+                {  # as stored: the prompt after `shared` tokens of call `base`, messages after the previous call's
                     "index": idx,
                     "at": at,
-                    "prompt_token_ids": prompt.tolist(),
+                    "base": base,
+                    "shared": shared,
+                    "prompt_rest": np.frombuffer(rest, np.int32),
                     "completion_token_ids": completion.tolist(),
                     "logprobs": np.frombuffer(lps, np.float64 if len(lps) == 8 * len(completion) else np.float32)
                     .astype(float)
@@ -187,7 +184,9 @@ class CaptureStore:
                     "finish_reason": finish,
                     "streamed": bool(streamed),
                     "wall_s": wall,
-                    "request": {**json.loads(request), "messages": list(messages)},
+                    "keep_messages": keep,
+                    "new_messages": json.loads(new),
+                    "params": json.loads(request),
                     "response_message": json.loads(response),
                     "dialect": dialect,
                 }
@@ -212,3 +211,101 @@ class CaptureStore:
             (session_id,),
         ).fetchone()
         return int(row[0] or 0)
+
+    # -- retention (server/retention.py): on a connection of their own, so a pass in a thread never shares the
+    # proxy's; each statement is its own transaction, so the proxy's writes wait milliseconds at most -------------
+    def _side_db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+        db.execute("PRAGMA busy_timeout = 10000")
+        return db
+
+    def ensure_incremental_vacuum(self, max_convert_bytes: int = 256 * 1024 * 1024) -> bool:
+        """Make deleted sessions give their pages back to the file system (`PRAGMA incremental_vacuum`). A store
+        created before needs one VACUUM to switch; done here when it is at most ``max_convert_bytes`` (else its free
+        pages are still reused by new calls, the file just does not shrink). True when the store is incremental."""
+        db = self._side_db()
+        try:
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+                return True
+            if self.path.stat().st_size > max_convert_bytes:
+                return False
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            db.execute("VACUUM")
+            return db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+        finally:
+            db.close()
+
+    def disk_bytes(self) -> int:
+        """What the store takes on disk: the database file and its write-ahead log."""
+        total = 0
+        for p in (self.path, self.path.with_name(self.path.name + "-wal")):
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def live_bytes(self) -> int:
+        """The pages in use (the file less its free pages)."""
+        db = self._side_db()
+        try:
+            size = db.execute("PRAGMA page_size").fetchone()[0]
+            return (
+                db.execute("PRAGMA page_count").fetchone()[0] - db.execute("PRAGMA freelist_count").fetchone()[0]
+            ) * size
+        finally:
+            db.close()
+
+    def ended_sessions(
+        self, after: tuple[float, str] = (float("-inf"), ""), limit: int = 256
+    ) -> list[tuple[str, float]]:
+        """(id, when it ended) of sessions no longer open, oldest first, after ``after`` (a previous page's last
+        (ended, id)): closed or abandoned; an open one is a rollout in flight (a dead server's are marked abandoned
+        at startup)."""
+        db = self._side_db()
+        try:
+            return db.execute(
+                "SELECT id, COALESCE(closed, created) AS ended FROM sessions WHERE state != 'open' "
+                "AND (COALESCE(closed, created), id) > (?, ?) ORDER BY ended, id LIMIT ?",
+                (after[0], after[1], limit),
+            ).fetchall()
+        finally:
+            db.close()
+
+    def delete_session(self, session_id: str) -> int:
+        """Delete an ended session and its calls (never an open one). Returns roughly the bytes it held."""
+        db = self._side_db()
+        try:
+            if (row := db.execute("SELECT state FROM sessions WHERE id = ?", (session_id,)).fetchone()) is None:
+                return 0
+            if row[0] == "open":
+                return 0
+            size = db.execute(
+                "SELECT COALESCE(SUM(LENGTH(prompt_rest) + LENGTH(completion) + LENGTH(logprobs) + "
+                "LENGTH(new_messages) + LENGTH(request) + LENGTH(response) + 64), 0) FROM calls WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()[0]
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM calls WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM sessions WHERE id = ? AND state != 'open'", (session_id,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return int(size) + 256
+        finally:
+            db.close()
+
+    def reclaim(self) -> int:
+        """Give free pages back to the file system and empty the write-ahead log; returns the bytes the store's
+        files shrank by."""
+        before = self.disk_bytes()
+        db = self._side_db()
+        try:
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+                db.executescript("PRAGMA incremental_vacuum;")  # stepped to the end (execute frees one page)
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            db.close()
+        return max(0, before - self.disk_bytes())

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shlex
 import time
 
+from swe_gym_env.result_form import TurnsView
 from swe_gym_env.server.agents.base import AgentConfig, AgentOutcome, Harness, reconcile
 from swe_gym_env.server.capture import CaptureSession, request_text
 from swe_gym_env.server.rollout.record import RolloutRecord, RunState
@@ -138,9 +140,31 @@ def engine_failure(session: CaptureSession) -> str | None:
     return f"{kind}: {what}; {session.failed} failed in all; last: {last}"
 
 
+CONTEXT_LIMIT = re.compile(r"maximum context length is \d+ tokens")  # vLLM's refusal (and the built-in engine's)
+
+
+def unrecovered_errors(session: CaptureSession, state: RunState) -> tuple[str, ...]:
+    """The proxy's failed calls that make the run fail: all of them, except the engine's refusals for the context
+    length that later calls recovered from (the agent compacted its context and went on: Pi and OpenCode do, at the
+    engine's context limit). Those become one warning finding."""
+    recovered = bool(session.turns) and not session.consecutive_failures
+    refused = [e for e in session.errors if CONTEXT_LIMIT.search(e)] if recovered else []
+    if refused:
+        state.agent_findings.append(
+            Finding(
+                severity="warning",
+                code="context_limit",
+                message=f"the engine refused {len(refused)} call(s) for the context length and the agent went on "
+                f"(it compacted): {refused[0][:300]}",
+            )
+        )
+    return tuple(e for e in session.errors if e not in refused)
+
+
 def saw_task(session: CaptureSession, problem: str) -> bool:
     """Whether some agent-role call's request carried the problem statement (whitespace normalised)."""
     needle = " ".join(problem.split())
     if not needle:
         return True
-    return any(needle in " ".join(request_text(t.request).split()) for t in session.turns if t.role == "agent")
+    view = TurnsView(session.turns)
+    return any(needle in " ".join(request_text(view.request(t.index)).split()) for t in view.turns if t.role == "agent")

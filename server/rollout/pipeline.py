@@ -58,6 +58,7 @@ class Pipeline:
 
     async def run(self, rec: RolloutRecord, req: RolloutRequest, state: RunState) -> RolloutResult:
         timings = state.timings
+        state.result_form = req.result_form
         t_run = time.monotonic()
         try:
             harness = get_harness(req.harness)
@@ -155,7 +156,7 @@ class Pipeline:
         )
         rec.session = state.session = session
         session.on_turn = lambda turn: rec.emit(
-            f"model call {turn.index + 1}: {len(turn.prompt_token_ids)} prompt + "
+            f"model call {turn.index + 1}: {turn.prompt_len} prompt + "
             f"{len(turn.completion_token_ids)} completion tokens"
         )
         sbx: Sandbox | None = None
@@ -212,12 +213,15 @@ class Pipeline:
             agent_run.cross_check(req, outcome, session, state)
             if (why := agent_run.engine_failure(session)) is not None:
                 raise RolloutFailure("agent", why, "engine_failures")
+            errors = agent_run.unrecovered_errors(session, state)
+            forgiven = len(errors) < len(session.errors) and outcome.error_kind is None
             facts = RunFacts(
-                exit_code=res.exit_code,
+                # OpenCode exits 1 after any error, also a refusal it compacted after and went on from
+                exit_code=0 if forgiven and res.exit_code == 1 else res.exit_code,
                 timed_out=res.timed_out,
                 timeout_s=agent_timeout,
                 calls=agent_run.answered(req, session),
-                proxy_errors=tuple(session.errors),
+                proxy_errors=errors,
                 budget_exhausted=session.stop_reason == "budget_exhausted",
                 stopped_after_budget=stopped,
                 stderr_tail=res.stderr[-500:] or state.log_tail[-500:],

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from swe_gym_env.result_form import expand_turns
 from swe_gym_env.server.capture import CaptureSession
 from swe_gym_env.server.certify import Certificate
 from swe_gym_env.wire import (
@@ -50,6 +51,7 @@ class RunState:
     agent_findings: list[Finding] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     timeout: asyncio.Timeout | None = None  # the rollout's deadline, as the service enforces it
+    result_form: Literal["compact", "full"] = "compact"  # full: turns also carry their whole prompt and request
 
     @contextlib.contextmanager
     def deadline_paused(self) -> Iterator[None]:
@@ -71,13 +73,22 @@ class RunState:
     def trace(self) -> dict:
         """The result fields every result carries, failed or not."""
         s = self.session
+        turns = list(s.turns) if s else []
+        by_index = {t.index: t for t in turns}
+        sequences = [
+            SequenceRef(
+                turns=q.turns,
+                role=q.role,
+                discarded=q.discarded,
+                length=by_index[q.turns[-1]].prompt_len + len(by_index[q.turns[-1]].completion_token_ids),
+            )
+            for q in (s.sequences if s else [])
+        ]
         return {
-            "turns": s.turns if s else [],
+            "turns": expand_turns(turns) if self.result_form == "full" else turns,
             "capture_session_id": s.id if s else None,
             "agent_log_tail": self.log_tail,
-            "sequences": [
-                SequenceRef(turns=q.turns, role=q.role, discarded=q.discarded) for q in (s.sequences if s else [])
-            ],
+            "sequences": sequences,
             "cross_check": self.cross_check[0],
             "cross_check_detail": self.cross_check[1],
             "model_patch": self.patch,
