@@ -34,8 +34,8 @@ from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutSummar
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: nothing that could leave the dir
 INDEX_NAME = ".index.sqlite"
 INDEX_VERSION = 1  # PRAGMA user_version of the index; another value: rebuilt from the files
-CACHE_ITEMS = 16  # finished results kept parsed in memory (most recently used)
-CACHE_BYTES = 64 * 1024 * 1024  # ... and at most this much of their JSON
+CACHE_ITEMS = 16  # finished results kept in memory as their JSON (most recently used), parsed again on each read
+CACHE_BYTES = 16 * 1024 * 1024  # ... and at most this much of it: the bound is the memory held, not an estimate
 
 INDEX_SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -62,7 +62,7 @@ class ResultsStore:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.cache_items, self.cache_bytes = cache_items, cache_bytes
-        self._cache: OrderedDict[str, tuple[RolloutResult, int]] = OrderedDict()
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cached_bytes = 0
         self._lock = threading.RLock()  # the event loop writes, a retention pass (a thread) deletes
         self._unindexed: set[str] = set()  # deleted files whose row could not go yet (a full disk): never listed
@@ -157,7 +157,7 @@ class ResultsStore:
                 path.unlink(missing_ok=True)  # no row, no file: the index stays the truth of what is listed
                 raise
             (self.root / f"{rid}.running").unlink(missing_ok=True)
-            self._remember(rid, result, len(data))
+            self._remember(rid, data)
         return len(data)
 
     def delete(self, rollout_id: str) -> int:
@@ -184,19 +184,21 @@ class ResultsStore:
             self._unindexed.discard(rid)
 
     # -- the cache ------------------------------------------------------------------------------------------------
-    def _remember(self, rid: str, result: RolloutResult, size: int) -> None:
+    def _remember(self, rid: str, data: bytes) -> None:
+        """Keep a result's JSON, not the parsed model: a parsed result holds every id as a Python int (about 9x its
+        JSON), and the caller may keep it alive anyway."""
         self._forget(rid)
-        if size > self.cache_bytes or self.cache_items <= 0:
+        if len(data) > self.cache_bytes or self.cache_items <= 0:
             return
-        self._cache[rid] = (result, size)
-        self._cached_bytes += size
+        self._cache[rid] = data
+        self._cached_bytes += len(data)
         while len(self._cache) > self.cache_items or self._cached_bytes > self.cache_bytes:
-            _, (_, n) = self._cache.popitem(last=False)
-            self._cached_bytes -= n
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= len(old)
 
     def _forget(self, rid: str) -> None:
         if (old := self._cache.pop(rid, None)) is not None:
-            self._cached_bytes -= old[1]
+            self._cached_bytes -= len(old)
 
     def cache_usage(self) -> tuple[int, int]:
         """(results, bytes of their JSON) held in the cache."""
@@ -209,7 +211,8 @@ class ResultsStore:
         with self._lock:
             if (hit := self._cache.get(rollout_id)) is not None:
                 self._cache.move_to_end(rollout_id)
-                return hit[0]
+        if hit is not None:
+            return RolloutResult.model_validate_json(hit)
         path = self.root / f"{rollout_id}.json"
         try:
             data = path.read_bytes()
@@ -218,7 +221,7 @@ class ResultsStore:
         result = RolloutResult.model_validate_json(data)
         with self._lock:
             if path.exists():  # not deleted meanwhile
-                self._remember(rollout_id, result, len(data))
+                self._remember(rollout_id, data)
         return result
 
     def summaries(self, limit: int = 100) -> list[RolloutSummary]:

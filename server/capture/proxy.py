@@ -53,7 +53,7 @@ from swe_gym_env.wire import Finding, Turn
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_FAILURE_FINDINGS = 20  # per session; the rest are counted in one finding
-KEEP_CLOSED_STORED = 32  # closed sessions kept in memory when the store has them (the rest read back from it)
+KEEP_CLOSED_STORED = 0  # closed sessions kept in memory when the store has them (they read back from it)
 SESSION_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 BUDGET_MESSAGE = {"role": "assistant", "content": "Model-call budget exhausted; stopping.", "tool_calls": []}
 
@@ -151,6 +151,7 @@ class CaptureProxy:
                 budget_replies=session.budget_replies,
                 demoted=sorted(session.demoted),
             )
+            self._trim()  # stored: it need not stay in memory (whoever runs it holds it until its result is built)
         session.publish({"type": "closed", "session": session.id, "turns": len(session.turns)})
 
     @staticmethod

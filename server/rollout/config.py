@@ -48,9 +48,9 @@ class ServerConfig:
     install_on_use: bool = True
     # what the results store and the capture store may keep (age, bytes, free-space floor): server/retention.py
     retention: RetentionSettings = field(default_factory=RetentionSettings)
-    # finished results kept parsed in memory (the rest are read from disk on demand): count, and bytes of their JSON
+    # finished results kept in memory as their JSON (the rest are read from disk on demand): count, and bytes
     result_cache_items: int = 16
-    result_cache_bytes: int = 64 * 1024 * 1024
+    result_cache_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -77,5 +77,5 @@ class ServerConfig:
             install_on_use=install_on_use_from_env(),
             retention=RetentionSettings.from_env(),
             result_cache_items=int(os.environ.get("SWE_GYM_RESULT_CACHE_ITEMS") or 16),
-            result_cache_bytes=parse_bytes(os.environ.get("SWE_GYM_RESULT_CACHE_BYTES") or "64M"),
+            result_cache_bytes=parse_bytes(os.environ.get("SWE_GYM_RESULT_CACHE_BYTES") or "16M"),
         )

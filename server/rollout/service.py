@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import sqlite3
 import sys
 import time
@@ -43,6 +45,24 @@ from swe_gym_env.wire import (
 
 Notify = Callable[[str], Awaitable[None]]
 KEEP_UNSTORED = 256  # finished rollouts whose result could not be stored (disk full), kept in memory
+
+
+TRIM_AFTER_S = 2.0  # after a rollout finishes (its result sent by then), the heap it used goes back to the system
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; absent on musl and elsewhere
+    except (OSError, AttributeError):
+        return None
+
+
+def release_memory() -> None:
+    """Give freed heap back to the system: a long rollout's ids and messages are many small objects, and without
+    this glibc keeps their pages, so the server's RSS would stay at its peak after rollouts finish."""
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
 
 
 class RolloutService:
@@ -232,6 +252,8 @@ class RolloutService:
             for old in unstored[: max(0, len(unstored) - KEEP_UNSTORED)]:
                 self.rollouts.pop(old.rollout_id, None)
         self.retention.poke()
+        with contextlib.suppress(RuntimeError):  # no loop (a sync caller): nothing to give back later
+            asyncio.get_running_loop().call_later(TRIM_AFTER_S, release_memory)
         return result
 
     async def _execute(self, rec: RolloutRecord) -> RolloutResult:
