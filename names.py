@@ -28,6 +28,9 @@ HARNESSES: dict[str, Plugin] = {
     "gemini-cli": Plugin(
         "swe_gym_env.server.agents.gemini_cli:GeminiCliHarness", "swe-gym-env setup --harness gemini-cli"
     ),
+    "mini-swe-agent": Plugin(
+        "swe_gym_env.server.agents.mini_swe_agent:MiniSweAgentHarness", "swe-gym-env setup --harness mini-swe-agent"
+    ),
 }
 
 SANDBOXES: dict[str, Plugin] = {

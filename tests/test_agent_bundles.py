@@ -50,6 +50,8 @@ class ToyHarness:
     min_glibc = "2.28"
     bundle_probe = "./bin/run --version"
     bundle_verifier = None
+    bundle_inputs = ()
+    installer = "npm install"
 
     def __init__(self, src: Path) -> None:
         self.src = src

@@ -1,5 +1,6 @@
-"""Both real agent CLIs (Pi, OpenCode), end to end: built-in engine and server as processes, real MCP client, the
-local bubblewrap sandbox, real grading. Per-agent time to first model call and peak memory are measured here."""
+"""The real agents (Pi, OpenCode, mini-swe-agent), end to end: built-in engine and server as processes, real MCP
+client, the local bubblewrap sandbox, real grading. Per-agent time to first model call and peak memory are measured
+here."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from swe_gym_env.client.mcp_client import SweGymClient
+from swe_gym_env.server.agents.bundle import find_bundle
+from swe_gym_env.server.agents.mini_swe_agent import MiniSweAgentHarness
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import Stack, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_agents")]
 
-HARNESSES = ["pi", "opencode"]
+HARNESSES = ["pi", "opencode", "mini-swe-agent"]
 TASKS = [t.instance_id for t in bundled_tasks()]
 # OpenCode's first prompt is ~7.9k SmolLM2 tokens: the built-in engine (not a model) serves a longer context.
 LONG = {"SWE_GYM_ENGINE_MAX_MODEL_LEN": "32768", "SWE_GYM_CONTEXT_WINDOW": "32768"}
@@ -27,14 +31,16 @@ METRICS = Path(os.environ.get("SWE_GYM_AGENT_METRICS", "/tmp/swe-gym-agent-metri
 
 
 @pytest.fixture
-def need_agents(need_pi, need_opencode) -> None:
-    pass
+def need_agents(need_pi, need_opencode, request) -> None:
+    """Pi and OpenCode; mini-swe-agent's bundle where a test runs it (it is built by `setup --harness`/`--all`)."""
+    if getattr(request.node, "callspec", None) and request.node.callspec.params.get("harness") == "mini-swe-agent":
+        require(find_bundle(MiniSweAgentHarness()) is not None, "run `swe-gym-env setup --harness mini-swe-agent`")
 
 
 class PeakRSS:
     """Peak resident memory of the agent process tree under one server (polls /proc: the local sandbox only)."""
 
-    NEEDLES = ("opencode run", "pi-coding-agent/dist/cli.js")
+    NEEDLES = ("opencode run", "pi-coding-agent/dist/cli.js", "mini-launch.py")
 
     def __init__(self, root_pid: int) -> None:
         self.root, self.peak_kb, self._stop = root_pid, 0, threading.Event()
@@ -150,12 +156,13 @@ async def test_black_box_mode_solves_without_token_data(oracle_stack, harness):
 
 
 def _budget_script(tmp_path: Path, harness: str) -> Path:
-    args = {"command": "echo looping"} if harness == "pi" else {"command": "echo looping", "description": "loop"}
+    args = {"command": "echo looping"} if harness != "opencode" else {"command": "echo looping", "description": "loop"}
     script = tmp_path / f"loop-{harness}.json"
     script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "arguments": args}]}] * 40))
     return script
 
 
+# mini-swe-agent: its own step limit is the budget plus the call the proxy answers with its budget reply
 @pytest.mark.parametrize("harness", HARNESSES)
 async def test_a_looping_agent_is_stopped_by_the_call_budget_and_graded(tmp_path, harness):
     s = Stack(f"script:{_budget_script(tmp_path, harness)}", env=LONG)

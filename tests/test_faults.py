@@ -22,11 +22,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import require
 from leaks import Snapshot, owned_temp, processes_mentioning, wait_no_leaks
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.procs import free_port, wait_healthy
 from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.bundle import find_bundle
+from swe_gym_env.server.agents.mini_swe_agent import MiniSweAgentHarness
 from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.server.sandbox.base import SandboxSpec
@@ -218,9 +221,18 @@ async def test_engine_http_500(bed):
     assert result.turns == [] and bed.engine.state()["faulted"] >= 1
 
 
-async def test_engine_500_after_the_first_call_is_not_a_budget_exhausted_row(bed):
+@pytest.fixture(params=["pi", "mini-swe-agent"])
+def harness(request) -> str:
+    """The faults every harness family must come out of the same way: Pi (Node, streaming) and mini-swe-agent (its
+    own Python, litellm, non-streaming calls)."""
+    if request.param == "mini-swe-agent":
+        require(find_bundle(MiniSweAgentHarness()) is not None, "run `swe-gym-env setup --harness mini-swe-agent`")
+    return request.param
+
+
+async def test_engine_500_after_the_first_call_is_not_a_budget_exhausted_row(bed, harness):
     # before: the failed calls used up Pi's call budget and the rollout ended ok, reward 0.0, budget_exhausted
-    result = await bed.rollout("http500", after=1, max_model_calls=6)
+    result = await bed.rollout("http500", after=1, max_model_calls=6, harness=harness)
     engine_failed(result, "engine answered HTTP 500", "5 model calls in a row failed")
     assert len(result.turns) == 1 and result.sequences and not result.sequences[0].discarded
 
@@ -231,9 +243,17 @@ async def test_engine_hangs_before_answering(bed):
     assert result.turns == []
 
 
-async def test_engine_stalls_mid_stream_and_fails_well_before_the_deadline(bed):
+async def test_engine_stalls_mid_stream_and_fails_well_before_the_deadline(bed, harness):
     # before: the rollout waited out its whole deadline
-    result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S * 3)
+    if harness == "mini-swe-agent":
+        # it calls without streaming, and the proxy relays a non-streamed call to the engine non-streamed: a reply
+        # still being generated and a hung engine look the same, so no stall clock can run. The call (and so the
+        # rollout) ends at the agent's deadline instead: the same failure, phase agent, later (see the report).
+        result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S, harness=harness)
+        failed(result, "agent", "timeout")
+        assert len(result.turns) == 1, "the call answered before the hang stays captured"
+        return
+    result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S * 3, harness=harness)
     engine_failed(result, "engine stream stalled", f"nothing for {STALL_TIMEOUT_S}s")
     assert len(result.turns) == 1, "the call answered before the hang stays captured"
     assert result.wall_s < HANG_DEADLINE_S, f"took {result.wall_s}s"
@@ -257,9 +277,9 @@ async def test_engine_returns_no_token_ids_in_a_tokens_session(bed):
     assert result.capture_level == "tokens" and result.turns == []
 
 
-async def test_engine_that_stops_returning_ids_fails_the_rollout(bed):
-    # before: ok=True, reward 0.0, no finding
-    result = await bed.rollout("no_token_ids", after=1)  # the oracle's edit is captured; its "done" never is
+async def test_engine_that_stops_returning_ids_fails_the_rollout(bed, harness):
+    # before: ok=True, reward 0.0, no finding. The oracle's edit is captured; its "done" never is
+    result = await bed.rollout("no_token_ids", after=1, harness=harness)
     engine_failed(result, "no prompt_token_ids")
     assert len(result.turns) == 1
     assert any(f.code == "engine_stopped_ids" and f.severity == "fatal" for f in result.findings)

@@ -53,6 +53,7 @@ class AgentConfig:
     context_window: int
     max_tokens: int
     options: Mapping[str, str] = field(default_factory=dict)  # the rollout's harness_options (checked in wire)
+    max_calls: int = 0  # the rollout's model-call budget (0: not given), for agents with a step limit of their own
 
 
 Verdict = Literal["match", "mismatch", "none"]
@@ -162,7 +163,7 @@ class Harness(Protocol):
 
     name: ClassVar[str]
     version: ClassVar[str]  # the pinned release: installs, and space_app/sandbox.Dockerfile's build args
-    package: ClassVar[str]  # the npm package installed at `version`
+    package: ClassVar[str]  # the package installed at `version` (npm's; PyPI's for mini-swe-agent: `installer`)
     dialect: ClassVar[str]  # the capture dialect it speaks (by default): openai-chat, openai-responses, ...
     needs_node: ClassVar[bool]  # runs on Node (>= 20.6): its bundle carries one, never the image's
     min_context_tokens: ClassVar[int]  # the least engine context it works in: its own prompt + room to act
@@ -172,6 +173,8 @@ class Harness(Protocol):
     min_glibc: ClassVar[str]  # the highest GLIBC_ symbol version its binaries need (objdump -T)
     bundle_probe: ClassVar[str]  # run in the bundle's directory at boot: proves the bundle runs in the image
     bundle_verifier: ClassVar[str | None]
+    installer: ClassVar[str]  # how its package is installed, in progress lines: "npm install", "pip install"
+    bundle_inputs: ClassVar[tuple[str, ...]]  # what else the bundle is built from (pins, a runtime): in its recipe
 
     def install_dir(self) -> Path: ...
 
@@ -193,6 +196,21 @@ class Harness(Protocol):
     def command(self, cfg: AgentConfig) -> str: ...
 
     def parse_events(self, text: str) -> AgentOutcome: ...
+
+
+def settle_errors(
+    out: AgentOutcome, errors: list[str], unreachable: tuple[str, ...], what: str = "error(s) in the agent"
+) -> None:
+    """The outcome's error from the errors an agent's record holds: with no model call made, `endpoint_unreachable`
+    when the last one says so (any of the words in ``unreachable``), else `agent_crashed`; after model calls, always
+    `agent_crashed`, counting them (``what`` names them)."""
+    if errors and out.model_calls == 0:
+        low = errors[-1].lower()
+        out.error_kind = "endpoint_unreachable" if any(w in low for w in unreachable) else "agent_crashed"
+        out.error = errors[-1][:500]
+    elif errors:
+        out.error_kind = "agent_crashed"
+        out.error = f"{len(errors)} {what}: {errors[-1][:400]}"
 
 
 DEFAULT_MAX_TURNS = 100

@@ -17,6 +17,8 @@ A bundle is a directory `<cache>/bundles/<harness>-<version>-<digest[:16]>/`:
   codex:     bin/codex and bin/rg (both static-pie musl, from `@openai/codex@<version>-linux-x64`)
   claude-code: bin/claude (the native binary of `@anthropic-ai/claude-code-linux-x64`) and bin/rg (as OpenCode's)
   gemini-cli: node/bin/node (as Pi's) and gemini/node_modules/… (`@google/gemini-cli`, optional native modules omitted)
+  mini-swe-agent: python/… (a relocatable CPython 3.11 with its own loader and C library: server/agents/pyruntime.py)
+             and site/… (`mini-swe-agent` and its pinned dependencies, installed by that runtime's pip, compiled)
 `<cache>/bundles/<harness>-<version>.json` points at the current one. Artifacts are fetched with `npm pack` (npm's own
 registry settings and CA apply) and checked against the pinned sha512 before use.
 """
@@ -96,7 +98,7 @@ def _pointer(h: Harness) -> Path:
 
 def recipe(h: Harness) -> dict:
     """What a harness's bundle is built from: equal recipes give equal bundles (same digest)."""
-    return {
+    out = {
         "format": FORMAT,
         "harness": h.name,
         "package": f"{h.package}@{h.version}",
@@ -104,6 +106,9 @@ def recipe(h: Harness) -> dict:
         "prune": list(PRUNE_SUFFIXES),
         "checks": [h.min_glibc, h.bundle_probe, h.bundle_verifier],  # not content, but in bundle.json
     }
+    if h.bundle_inputs:  # only where there are any: the other bundles' recipes (and digests) stay as they were
+        out["inputs"] = list(h.bundle_inputs)
+    return out
 
 
 def _sha256(path: Path) -> str:
@@ -245,6 +250,8 @@ class BundledHarness:
 
     name: ClassVar[str]
     version: ClassVar[str]
+    bundle_inputs: ClassVar[tuple[str, ...]] = ()
+    installer: ClassVar[str] = "npm install"
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"{self.name}-{self.version}"
@@ -296,7 +303,7 @@ class Progress:
 def build_bundle(h: Harness, log=print) -> Bundle:
     t = time.monotonic()
     progress = Progress(h, log)
-    what = f"npm install {h.package}" + "".join(f", fetching {a.spec}" for a in h.bundle_artifacts)
+    what = f"{h.installer} {h.package}" + "".join(f", fetching {a.spec}" for a in h.bundle_artifacts)
     with progress.step(0, what), ThreadPoolExecutor(max_workers=1) as pool:  # the downloads at once
         fetched = pool.submit(lambda: {a.package: fetch_artifact(a, log) for a in h.bundle_artifacts})
         h.ensure_installed(log)

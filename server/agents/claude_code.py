@@ -34,6 +34,7 @@ from swe_gym_env.server.agents.base import (
     max_turns,
     npm_install,
     run_and_collect,
+    settle_errors,
 )
 from swe_gym_env.server.agents.bundle import RIPGREP, BundledHarness
 
@@ -158,11 +159,5 @@ class ClaudeCodeHarness(BundledHarness):
                 errors.append(str(ev.get("result") or ev.get("subtype") or "the run failed"))
         for mid in order:
             out.add_step(tokens[mid], tuple(calls[mid]))
-        if errors and out.model_calls == 0:
-            low = errors[-1].lower()
-            out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"
-            out.error = errors[-1][:500]
-        elif errors:
-            out.error_kind = "agent_crashed"
-            out.error = f"{len(errors)} error(s) in the agent: {errors[-1][:400]}"
+        settle_errors(out, errors, UNREACHABLE)
         return out

@@ -34,6 +34,7 @@ from swe_gym_env.server.agents.base import (
     jsonl_objects,
     npm_install,
     run_and_collect,
+    settle_errors,
 )
 from swe_gym_env.server.agents.bundle import BundledHarness
 
@@ -173,11 +174,5 @@ class CodexHarness(BundledHarness):
                 err = ev.get("error") if kind == "turn.failed" else ev
                 message = err.get("message") if isinstance(err, dict) else None
                 errors.append(str(message or json.dumps(ev)[:300]))
-        if errors and out.model_calls == 0:
-            low = errors[-1].lower()
-            out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"
-            out.error = errors[-1][:500]
-        elif errors:
-            out.error_kind = "agent_crashed"
-            out.error = f"{len(errors)} error(s) in the agent: {errors[-1][:400]}"
+        settle_errors(out, errors, UNREACHABLE)
         return out

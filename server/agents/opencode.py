@@ -24,6 +24,7 @@ from swe_gym_env.server.agents.base import (
     NpmArtifact,
     jsonl_objects,
     npm_install,
+    settle_errors,
 )
 from swe_gym_env.server.agents.bundle import RIPGREP, BundledHarness
 
@@ -146,11 +147,5 @@ class OpenCodeHarness(BundledHarness):
                     errors.append(said)
         # a refusal for the context length that steps followed: OpenCode compacted its context and went on
         errors += [said for said, before in overflows if out.model_calls == before]
-        if errors and out.model_calls == 0:
-            low = errors[-1].lower()
-            out.error_kind = "endpoint_unreachable" if any(w in low for w in UNREACHABLE) else "agent_crashed"
-            out.error = errors[-1][:500]
-        elif errors:
-            out.error_kind = "agent_crashed"
-            out.error = f"{len(errors)} model call(s) failed in the agent: {errors[-1][:400]}"
+        settle_errors(out, errors, UNREACHABLE, "model call(s) failed in the agent")
         return out

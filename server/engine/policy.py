@@ -1,11 +1,14 @@
 """Policies of the built-in engine. None of them is a model: they produce scripted replies.
 
 - `oracle`: finds the task whose problem statement is in the prompt and applies its gold patch through the
-  agent's own tools (edit if it has one, else bash + git apply), then says it is done.
+  agent's own tools (edit if it has one, else bash + git apply), then says it is done (or runs the submission
+  command the agent's prompt names: mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`).
 - `oracle+compact`: the oracle for long sessions: it reads the output of a long shell command again and again until
   the agent compacts its context (answering the agent's own summary request with a summary that keeps the task),
   and only then applies the gold patch. With an engine whose context is small, the rollout must compact to pass.
-- `noop`: answers "done" at once.
+- `oracle+probe`, `oracle+probe:CMD`: the oracle, running one shell command first (PROBE, or CMD); its output lands
+  in the next prompt.
+- `noop`: answers "done" at once (mini-swe-agent: runs its submission command at once).
 - `script:FILE`: replays a JSON list of replies, one per model call (`{"content": ...}` or
   `{"tool_calls": [{"name": ..., "arguments": {...}}]}`), then answers "done".
 """
@@ -23,6 +26,9 @@ from swe_gym_env.tasks.catalog import find_by_problem_statement
 from swe_gym_env.tasks.models import Task
 
 DONE = "I have made the change. Done."
+# mini-swe-agent 2.4.6's submission (its mini.yaml instance template): this bash command alone, as its `bash` tool's
+# `command`; the output's first line is the sentinel, which ends its run (environments/local.py: _check_finished)
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 @dataclass
@@ -60,11 +66,22 @@ class Policy:
         raise NotImplementedError
 
 
+def submission(messages: list[dict], tools: list[dict] | None) -> Reply | None:
+    """The agent's own way of saying it is done where its prompt names one (mini-swe-agent: SUBMIT_COMMAND through
+    its shell tool; a text reply is a format error there), else None."""
+    prompt = "\n".join(_text(m.get("content")) for m in messages if m.get("role") in ("user", "system"))
+    params = _tool_params(tools)
+    shell = next(((n, arg) for n, arg in SHELL_TOOLS if arg in params.get(n, set())), None)
+    if SUBMIT_COMMAND not in prompt or shell is None:
+        return None
+    return Reply(tool_calls=[(shell[0], {shell[1]: SUBMIT_COMMAND})])
+
+
 class NoopPolicy(Policy):
     name = "noop"
 
     def reply(self, messages, tools):
-        return Reply(content="done")
+        return submission(messages, tools) or Reply(content="done")
 
 
 class ScriptPolicy(Policy):
@@ -134,8 +151,11 @@ class OraclePolicy(Policy):
         if probe:
             self.name = "oracle+probe"
 
-    def plan(self, task: Task, tools: list[dict] | None, workdir: str | None = None) -> list[Reply]:
-        """The gold patch through the agent's own tools, in the work tree its prompt names (else the task's)."""
+    def plan(
+        self, task: Task, tools: list[dict] | None, workdir: str | None = None, submit: bool = False
+    ) -> list[Reply]:
+        """The gold patch through the agent's own tools, in the work tree its prompt names (else the task's); with
+        ``submit`` (the agent's prompt names a submission command) it ends with that command, else with "done"."""
         workdir = workdir or task.workdir
         params = _tool_params(tools)
         edit = params.get("edit", set())
@@ -183,6 +203,8 @@ class OraclePolicy(Policy):
             if "description" in params[name]:
                 probe["description"] = "look at the environment"
             actions.insert(0, Reply(tool_calls=[(name, probe)]))
+        if submit and shell is not None:  # mini-swe-agent: a reply without a tool call is a format error
+            return [*actions, Reply(tool_calls=[(shell[0], {shell[1]: SUBMIT_COMMAND})])]
         return [*actions, Reply(content=DONE)]
 
     def reply(self, messages, tools):
@@ -191,7 +213,7 @@ class OraclePolicy(Policy):
         if task is None:
             return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
         where = WORKDIR_IN_PROMPT.search(prompt_text)  # as an agent would: the work tree its prompt names
-        plan = self.plan(task, tools, where.group(1) if where else None)
+        plan = self.plan(task, tools, where.group(1) if where else None, SUBMIT_COMMAND in prompt_text)
         step = _step(messages)
         return plan[step] if step < len(plan) else Reply(content=DONE)
 
@@ -266,7 +288,7 @@ class CompactingOraclePolicy(OraclePolicy):
             for m, t in zip(after, texts[marked[-1] + 1 :], strict=True)
             if m.get("role") == "assistant" and FILLER_MARK not in t
         )
-        plan = self.plan(task, tools, workdir)
+        plan = self.plan(task, tools, workdir, SUBMIT_COMMAND in text)
         return plan[step] if step < len(plan) else Reply(content=DONE)
 
 
@@ -310,10 +332,12 @@ def make_policy(spec: str) -> Policy:
         return OraclePolicy()
     if spec == "oracle+probe":
         return OraclePolicy(probe=PROBE)
+    if spec.startswith("oracle+probe:"):  # a probe of the caller's own: `oracle+probe:<shell command>`
+        return OraclePolicy(probe=spec.removeprefix("oracle+probe:"))
     if spec == "oracle+compact":
         return CompactingOraclePolicy()
     if spec == "noop":
         return NoopPolicy()
     if spec.startswith("script:"):
         return ScriptPolicy(Path(spec.removeprefix("script:")))
-    raise ValueError(f"unknown policy {spec!r}: use oracle, oracle+probe, oracle+compact, noop or script:FILE")
+    raise ValueError(f"unknown policy {spec!r}: use oracle, oracle+probe[:CMD], oracle+compact, noop or script:FILE")

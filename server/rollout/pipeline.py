@@ -182,6 +182,7 @@ class Pipeline:
                     context_window=context,
                     max_tokens=req.max_tokens,
                     options=dict(req.harness_options),
+                    max_calls=req.max_model_calls,
                 )
                 prompt = PROMPT.format(workdir=sbx.agent_workdir, problem=task.problem_statement)
                 with timed(timings, "boot.config"):
