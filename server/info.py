@@ -18,13 +18,14 @@ from swe_gym_env.tasks.envs import envs_status, images_status
 
 async def gather_info(engine_url: str | None) -> dict:
     agents = {}
-    refusal = install_refusal(install_on_use_from_env())
+    allowed = install_on_use_from_env()
     for name, cls in HARNESSES.items():
         h = cls()
         try:
             h.mounts()  # raises when the install is missing or broken
             agents[name] = {"version": h.version, "dialect": h.dialect, "installed": True}
         except AgentError as e:
+            refusal = install_refusal(allowed, h)
             agents[name] = {
                 "version": h.version,
                 "dialect": h.dialect,

@@ -93,7 +93,7 @@ async def test_stream_through_equals_non_stream_and_prompt_ids_equal_tokenize():
     assert '"path": "batchtools/chunks.py"' in args
     streamed, whole = full_turns(session)
     assert streamed.streamed and streamed.request["stream"] is True  # streamed through, not replayed
-    assert not whole.streamed and whole.request["stream"] is False
+    assert not whole.streamed and whole.request["stream"] is True  # wanted whole, collected from the engine's stream
     assert streamed.request["model"] == MODEL  # the agent's model name is rewritten
     assert streamed.prompt_token_ids == whole.prompt_token_ids
     assert streamed.completion_token_ids == whole.completion_token_ids and streamed.logprobs == whole.logprobs
@@ -244,13 +244,17 @@ def bad_stream(kind: str):
         ("misaligned", "does not name token 5"),
     ],
 )
-@pytest.mark.parametrize("stream", [False, True])
-async def test_engine_garbage_is_an_error_never_a_silent_success(kind, needle, stream):
+@pytest.mark.parametrize("how", ["whole", "collected", "streamed"])
+async def test_engine_garbage_is_an_error_never_a_silent_success(kind, needle, how):
+    """Streamed through, wanted whole (collected from the engine's stream), and whole from the engine (a session
+    that does not stream through)."""
     proxy = make_proxy(bad_engine(kind))
     session, key = open_session(proxy, max_tokens=64)
+    session.stream_through = how != "whole"
+    stream = how == "streamed"
     async with agent(proxy, key) as c:
         r = await c.post("/v1/chat/completions", json=agent_request(stream=stream))
-    if stream and kind == "html":
+    if how != "whole" and kind == "html":
         needle = "with text/html; charset=utf-8, not a stream"
     if stream and kind in ("usage", "misaligned"):  # found at the end of a stream already under way
         events = sse_events(r.text)
@@ -468,7 +472,8 @@ async def test_agent_facing_app_serves_no_admin_routes():
         assert (await c.get("/sessions")).status_code == 404
 
 
-async def test_closing_a_session_cancels_its_hung_upstream_calls():
+@pytest.mark.parametrize("whole", [False, True])
+async def test_closing_a_session_cancels_its_hung_upstream_calls(whole):
     release = asyncio.Event()
 
     async def hung(request):
@@ -477,6 +482,7 @@ async def test_closing_a_session_cancels_its_hung_upstream_calls():
 
     proxy = make_proxy(Starlette(routes=[Route("/v1/chat/completions", hung, methods=["POST"])]))
     session, key = open_session(proxy)
+    session.stream_through = not whole  # whole: one upstream POST; else the stream a whole reply is collected from
     async with agent(proxy, key) as c:
         call = asyncio.create_task(c.post("/v1/chat/completions", json=agent_request(stream=False)))
         for _ in range(100):
@@ -487,7 +493,7 @@ async def test_closing_a_session_cancels_its_hung_upstream_calls():
         proxy.close_session(session)
         r = await asyncio.wait_for(call, 5)
     release.set()
-    assert r.status_code == 502 and "closed during this call" in r.json()["error"]["message"]
+    assert r.status_code == (502 if whole else 409) and "closed during this call" in r.json()["error"]["message"]
     assert not session.pumps and session.turns == []
 
 

@@ -31,12 +31,18 @@ from swe_gym_env.server.agents.base import AgentConfig
 from swe_gym_env.server.agents.bundle import find_bundle
 from swe_gym_env.server.agents.mini_swe_agent import MiniSweAgentHarness
 from swe_gym_env.server.agents.pi import PiHarness
+from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
+from swe_gym_env.server.assets import tokenizer_file
+from swe_gym_env.server.certify import PROBE
+from swe_gym_env.server.engine.app import Engine, create_engine_app
+from swe_gym_env.server.engine.chat import ChatRenderer
+from swe_gym_env.server.engine.policy import OraclePolicy
 from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import BUNDLED_DIR, get_task
 
-from helpers import MODEL, Stack, rows_match_export
+from helpers import MODEL, Served, Stack, rows_match_export
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("need_pi")]
 
@@ -44,6 +50,7 @@ HOSTILE = Path(__file__).resolve().parent / "hostile_engine.py"
 GRADING_TIMEOUT_S = 8
 HANG_DEADLINE_S = 40.0  # rollouts that must run into a deadline: the agent gets 80% of it
 STALL_TIMEOUT_S = 2  # the server's stall timeout here: a silent engine stream ends its call after this long
+SHORT_CONTEXT = 2048  # the short engine's context: below every harness's floor (min_context_tokens)
 
 
 class HostileEngine:
@@ -67,6 +74,21 @@ class HostileEngine:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+class ShortEngine(Engine):
+    """The built-in engine serving a context shorter than any harness needs (in this process, named by a rollout's
+    ``engine_url``); it counts the agent calls it gets (every chat call but certification's probe)."""
+
+    def __init__(self) -> None:
+        super().__init__(ChatRenderer(tokenizer_file()), OraclePolicy(), MODEL, max_model_len=SHORT_CONTEXT)
+        self.agent_calls = 0
+
+    async def chat(self, request):
+        body = await request.json()  # read once: the request keeps it for the engine's own read
+        if not (isinstance(body, dict) and body.get("messages") == PROBE):
+            self.agent_calls += 1
+        return await super().chat(request)
 
 
 def batchtools_row() -> dict:
@@ -147,8 +169,9 @@ def stop(stack: Stack) -> None:
 
 
 class Bed:
-    def __init__(self, engine: HostileEngine, stack: Stack) -> None:
+    def __init__(self, engine: HostileEngine, stack: Stack, short: ShortEngine, short_url: str) -> None:
         self.engine, self.stack = engine, stack
+        self.short, self.short_url = short, short_url  # the short engine, and its URL (…/v1)
 
     @property
     def health_url(self) -> str:
@@ -177,18 +200,23 @@ def bed(tmp_path_factory):
     data = tmp_path_factory.mktemp("faults")
     fifo = blocking_repo(data)
     engine = HostileEngine()
+    short = ShortEngine()
+    served_short = Served(create_engine_app(short))
+    short_url = served_short.__enter__() + "/v1"
     env = {
         "SWE_GYM_DATA_DIR": str(data),
         "SWE_GYM_DATASETS": f"faults={fault_split(data / 'faults.jsonl', fifo.parents[2])}",
         "SWE_GYM_GRADING_TIMEOUT_S": str(GRADING_TIMEOUT_S),
         "SWE_GYM_STALL_TIMEOUT_S": str(STALL_TIMEOUT_S),
         "SWE_GYM_UI": "0",
+        "SWE_GYM_ENGINE_URL_ALLOWLIST": short_url,  # a rollout may name the short engine
     }
     stack = Stack("oracle", engine_up=False, server_engine_url=engine.url("/v1"), env=env)
     try:
-        yield Bed(engine, stack)
+        yield Bed(engine, stack, short, short_url)
     finally:
         engine.stop()
+        served_short.__exit__(None, None, None)
         release_fifo(fifo)
         stop(stack)
 
@@ -244,15 +272,8 @@ async def test_engine_hangs_before_answering(bed):
 
 
 async def test_engine_stalls_mid_stream_and_fails_well_before_the_deadline(bed, harness):
-    # before: the rollout waited out its whole deadline
-    if harness == "mini-swe-agent":
-        # it calls without streaming, and the proxy relays a non-streamed call to the engine non-streamed: a reply
-        # still being generated and a hung engine look the same, so no stall clock can run. The call (and so the
-        # rollout) ends at the agent's deadline instead: the same failure, phase agent, later (see the report).
-        result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S, harness=harness)
-        failed(result, "agent", "timeout")
-        assert len(result.turns) == 1, "the call answered before the hang stays captured"
-        return
+    # before: the rollout waited out its whole deadline. mini-swe-agent calls without streaming: the proxy still asks
+    # the engine for a stream (and answers it whole), so the stall clock runs for it too
     result = await bed.rollout("hang_midstream", after=1, deadline_s=HANG_DEADLINE_S * 3, harness=harness)
     engine_failed(result, "engine stream stalled", f"nothing for {STALL_TIMEOUT_S}s")
     assert len(result.turns) == 1, "the call answered before the hang stays captured"
@@ -285,11 +306,22 @@ async def test_engine_that_stops_returning_ids_fails_the_rollout(bed, harness):
     assert any(f.code == "engine_stopped_ids" and f.severity == "fatal" for f in result.findings)
 
 
-async def test_engine_context_below_what_the_harness_needs_is_refused_before_boot(bed, need_opencode):
-    # before: OpenCode compacted on its first call, never saw the task, and ended ok, reward 0.0, budget_exhausted
-    result = await bed.rollout("ok", harness="opencode")
-    failed(result, "validate", "context is 8192 tokens, below the 12288 that opencode needs")
-    assert result.turns == [] and bed.engine.state()["agent_calls"] == 0
+@pytest.mark.parametrize("name", ["opencode", "mini-swe-agent"])
+async def test_engine_context_below_what_the_harness_needs_is_refused_before_boot(bed, name, request):
+    # before: OpenCode compacted on its first call, never saw the task, and ended ok, reward 0.0, budget_exhausted.
+    # OpenCode's floor is above the bed's engine's 8192 tokens; mini-swe-agent's (4096) is not: it gets the short one
+    need = HARNESSES[name].min_context_tokens
+    if name == "opencode":
+        request.getfixturevalue("need_opencode")
+        result = await bed.rollout("ok", harness=name)
+        context, calls = 8192, lambda: bed.engine.state()["agent_calls"]
+    else:
+        require(find_bundle(MiniSweAgentHarness()) is not None, "run `swe-gym-env setup --harness mini-swe-agent`")
+        result = await bed.rollout("ok", harness=name, engine_url=bed.short_url)
+        context, calls = SHORT_CONTEXT, lambda: bed.short.agent_calls
+    assert context < need
+    failed(result, "validate", f"context is {context} tokens, below the {need} that {name} needs")
+    assert result.turns == [] and calls() == 0
 
 
 # -- the agent misbehaves -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import docker_ready, require
@@ -16,7 +17,8 @@ from conftest import docker_ready, require
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
-from swe_gym_env.server.agents.mini_swe_agent import NET, MiniSweAgentHarness
+from swe_gym_env.server.agents.bundle import _copy_in
+from swe_gym_env.server.agents.mini_swe_agent import NET, PRUNED, MiniSweAgentHarness, without
 from swe_gym_env.server.engine.policy import SUBMIT_COMMAND, OraclePolicy
 from swe_gym_env.tasks.catalog import bundled_tasks
 
@@ -228,3 +230,55 @@ def test_the_oracle_ends_with_the_submission_command_where_the_prompt_names_it()
     assert plan[-1].tool_calls == [("bash", {"command": SUBMIT_COMMAND})] and plan[-1].content is None
     assert "git apply" in plan[0].tool_calls[0][1]["command"]
     assert OraclePolicy().plan(task, bash)[-1].tool_calls == []  # the others: "done" as text
+
+
+def test_the_bundle_leaves_out_only_what_is_pruned(tmp_path):
+    """`without` lists a tree less its pruned paths: copied, it is the whole tree's copy less those paths (links to
+    directories, `.bin`, source maps and dangling links left out at every level, as a whole copy leaves them)."""
+    site = tmp_path / "site"
+    files = [
+        "six.py",
+        "litellm/__init__.py",
+        "litellm/llms/openai.py",
+        "litellm/proxy/_types.py",
+        "litellm/proxy/app.js.map",
+        "litellm/proxy/.bin/tool",
+        "litellm/proxy/_experimental/post_call_rules.py",
+        "litellm/proxy/_experimental/out/index.html",
+        "litellm/proxy/_experimental/out/_next/app.js",
+    ]
+    for rel in files:
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(rel)
+    (site / "litellm/proxy/linked").symlink_to(site / "litellm/llms")
+    (site / "litellm/proxy/dangling.py").symlink_to(tmp_path / "nowhere")
+    contents = without(site, "site", PRUNED)
+    assert "site/six.py" in contents and contents["site/litellm/llms"] == site / "litellm/llms"  # the rest: whole
+    pruned, whole = tmp_path / "pruned", tmp_path / "whole"
+    for rel, src in contents.items():
+        _copy_in(src, pruned / rel)
+    _copy_in(site, whole / "site")
+
+    def tree(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+    assert tree(pruned) == {f for f in tree(whole) if not f.startswith("site/litellm/proxy/_experimental/out/")}
+    assert "site/litellm/proxy/_experimental/post_call_rules.py" in tree(pruned)
+    assert without(site, "site", ()) == {"site": site}
+
+
+def test_pruning_rebuilds_the_bundle_not_the_install():
+    h = MiniSweAgentHarness
+    assert h.bundle_inputs == (*h.install_inputs, "prune litellm/proxy/_experimental/out")
+    assert not any(i.startswith("prune ") for i in h.install_inputs)
+
+
+@pytest.mark.integration
+def test_the_built_bundle_keeps_litellms_proxy_modules_and_drops_its_admin_ui(bundle):
+    """mini-swe-agent loads a dozen `litellm.proxy` modules (an import audit of a whole run): the package stays; its
+    admin UI (a static web build only litellm's proxy server serves) does not."""
+    site = Path(bundle) / "site" / "litellm" / "proxy"
+    for module in ("_types.py", "common_utils/timezone_utils.py", "spend_tracking/savings.py", "types_utils/utils.py"):
+        assert (site / module).is_file(), module
+    assert (site / "_experimental" / "post_call_rules.py").is_file()  # beside the admin UI: kept
+    assert not (site / "_experimental" / "out").exists()

@@ -262,3 +262,19 @@ def test_the_demo_on_a_cache_without_pi_installs_it_on_first_use_and_is_rewarded
     assert f"pi {PiHarness.version}:   0% npm install" in log and f"pi {PiHarness.version}: 100% agent bundle" in log
     monkeypatch.setenv("SWE_GYM_ENV_HOME", str(home))
     assert find_bundle(PiHarness()) is not None  # the demo's cache now holds Pi's bundle, for the next rollout
+
+
+@pytest.mark.anyio
+async def test_a_python_harness_the_server_cannot_build_fails_at_validate_for_its_own_reason(tmp_path, monkeypatch):
+    """mini-swe-agent is built with a Python, ldd and pip, not npm: a server whose source Python does not run says
+    so at validate (before: it passed validate on npm alone and failed later, in the install)."""
+    from swe_gym_env.server.runner import local_service
+
+    config = empty_home(tmp_path, monkeypatch)
+    config.install_on_use = True
+    monkeypatch.setenv("SWE_GYM_AGENT_PYTHON", str(tmp_path / "no-python-here"))
+    async with local_service(config) as service:
+        result = await service.run(RolloutRequest(harness="mini-swe-agent", sandbox="local"))
+    assert not result.ok and result.phase == "validate", result.error
+    assert "does not run here" in (result.error or "") and "no npm" not in (result.error or "")
+    assert "`swe-gym-env setup --harness mini-swe-agent`" in (result.error or "")

@@ -30,6 +30,7 @@ from vllm_shapes import (
     FIXTURES,
     PI_MESSAGES,
     RECORDINGS,
+    TOOL_CALL_TEXT,
     chat_request,
     load_fixture,
     record_of,
@@ -638,3 +639,106 @@ async def test_train_rollout_is_refused_against_raw_logprobs(raw_vllm_url):
     result = await service.run(RolloutRequest(purpose="train"))
     assert not result.ok and result.phase == "validate" and result.reward is None
     assert "processed logprobs" in result.error and "raw" in result.error
+
+
+# --- a call the agent wants whole, collected from vLLM's stream (`streaming.collect`): it records what vLLM's whole
+# reply recorded — the same prompt ids, the same seeded completion ids, the same logprobs (to vLLM's run-to-run noise),
+# the same finish reason — and the agent is told what a streaming agent is told of the same call. The message (text,
+# tool calls) is the one vLLM's streaming tool parser gives, as every streaming harness gets it: the same as its whole
+# reply's but where vLLM's two hermes parsers differ — a reply cut by max_tokens inside a tool call is, whole, its raw
+# text and no tool call; streamed, the tool calls with the cut one's arguments incomplete.
+
+COLLECT_MAX_TOKENS = 64  # the session's cap: the free-running replies and the two-call one below are cut by it
+COLLECT_SEEDS = (7, 11, 13, 17, 19, 23)
+COLLECT_SECOND_CALL = '<tool_call>\n{"name": "edit", "arguments": {"path": "a.py", "edits": []}}\n</tool_call>'
+COLLECT_FORCED = (  # vLLM made to write these (`structured_outputs`): its hermes tool parser runs on them
+    TOOL_CALL_TEXT,
+    "Let me look first.\n" + TOOL_CALL_TEXT,
+    TOOL_CALL_TEXT + "\n" + COLLECT_SECOND_CALL,  # 70 tokens: cut inside the second call
+    "Done.",
+)
+
+
+def collect_bodies() -> list[dict]:
+    base = {"model": "agent/x", "messages": PI_MESSAGES, "temperature": 1.0}
+    out = [
+        {**base, "seed": seed, **({"tools": PI_TOOLS} if tools else {})} for seed in COLLECT_SEEDS for tools in (1, 0)
+    ]
+    return out + [{**base, "tools": PI_TOOLS, "seed": 7, "structured_outputs": {"choice": [t]}} for t in COLLECT_FORCED]
+
+
+async def collect_through(url: str, calls: list[dict], how: str) -> tuple[list, list]:
+    """``how``: "whole" (the agent wants it whole, vLLM answers whole: every such call before), "collected" (the agent
+    wants it whole, vLLM streams), "streamed" (the agent streams)."""
+    from swe_gym_env.server.capture import CaptureProxy, EngineTarget
+
+    proxy = CaptureProxy()
+    session, key = proxy.open_session(EngineTarget(f"{url}/v1", MODEL), max_calls=50, max_tokens=COLLECT_MAX_TOKENS)
+    session.stream_through = how != "whole"
+    replies = []
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=proxy.app()),
+        base_url="http://capture",
+        headers={"authorization": f"Bearer {key}"},
+        timeout=300,
+    ) as c:
+        for body in calls:
+            r = await c.post("/v1/chat/completions", json={**body, "stream": how == "streamed"})
+            assert r.status_code == 200, r.text
+            replies.append(sse_events(r.text) if how == "streamed" else r.json())
+    proxy.close_session(session)
+    await proxy.aclose()
+    return full_turns(session), replies
+
+
+def collect_told(reply: dict) -> tuple:
+    """What the agent was told: text, tool calls (their ids are vLLM's, new each time), finish, token counts."""
+    (choice,) = reply["choices"]
+    msg = choice["message"]
+    usage = reply["usage"]
+    counts = (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+    return reply["object"], msg["role"], msg["content"], collect_calls(msg), choice["finish_reason"], counts
+
+
+def collect_calls(message: dict) -> list[tuple]:
+    return [(c["type"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+
+
+def collect_cut_in_a_tool_call(turn) -> bool:
+    return turn.finish_reason == "length" and "<tool_call>" in (turn.response_message["content"] or "")
+
+
+async def test_collected_from_vllms_stream_records_what_its_whole_reply_recorded(vllm_url):
+    sent = collect_bodies()
+    whole, whole_replies = await collect_through(vllm_url, sent, "whole")
+    collected, collected_replies = await collect_through(vllm_url, sent, "collected")
+    streamed, _ = await collect_through(vllm_url, sent, "streamed")
+    assert [t.request["stream"] for t in whole] == [False] * len(sent)
+    assert [t.request["stream"] for t in collected] == [True] * len(sent) == [t.request["stream"] for t in streamed]
+    differ = 0
+    for w, c, s in zip(whole, collected, streamed, strict=True):
+        for other in (w, s):  # the rows: the same ids, logprobs to vLLM's noise, finish reason
+            assert c.prompt_token_ids == other.prompt_token_ids, c.index
+            assert c.completion_token_ids == other.completion_token_ids, f"seeded ids differ (call {c.index})"
+            assert c.logprobs == pytest.approx(other.logprobs, abs=1e-3) and len(c.logprobs) == len(other.logprobs)
+            assert c.finish_reason == other.finish_reason, c.index
+        assert not c.streamed and not w.streamed and s.streamed
+        # told what a streaming agent is told
+        assert (c.response_message["content"], collect_calls(c.response_message)) == (
+            s.response_message["content"],
+            collect_calls(s.response_message),
+        ), c.index
+        if collect_cut_in_a_tool_call(w):
+            differ += 1
+            assert not w.response_message["tool_calls"] and c.response_message["tool_calls"], c.index
+            continue
+        assert (c.response_message["content"], collect_calls(c.response_message)) == (
+            w.response_message["content"],
+            collect_calls(w.response_message),
+        ), c.index
+        assert collect_told(collected_replies[c.index]) == collect_told(whole_replies[c.index]), c.index
+    assert differ == 1  # the two-call reply, cut
+    forced = collected[-len(COLLECT_FORCED) :]
+    assert [len(t.response_message["tool_calls"]) for t in forced] == [1, 1, 2, 0]
+    assert forced[1].response_message["content"] == "Let me look first.\n"
+    assert {t.finish_reason for t in collected} == {"length", "stop", "tool_calls"}

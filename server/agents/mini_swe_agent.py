@@ -43,7 +43,8 @@ from swe_gym_env.server.agents.base import (
     NpmArtifact,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import BundledHarness, bundles_dir
+from swe_gym_env.server.agents.bundle import PRUNE_SUFFIXES, SKIP_DIRS, BundledHarness
+from swe_gym_env.server.agents.provision import pip_downloads
 
 KEY_ENV = "OPENAI_API_KEY"  # litellm's openai provider reads it at call time
 TRAJ = f"{AGENT_HOME}/mini-traj.json"
@@ -73,6 +74,11 @@ PINS: tuple[str, ...] = tuple(
     mdurl==0.1.2 sniffio==1.3.1 tenacity==9.2.1 textual==8.2.8 linkify-it-py==2.2.0 mdit-py-plugins==0.7.0
     typer==0.29.2 annotated-doc==0.0.7 shellingham==1.5.4""".split()
 )
+# in its install, never loaded by the agent: left out of its bundle (paths under `site/`). litellm's admin UI, a static
+# web build (22 MB) only its proxy server (`litellm.proxy.proxy_server`) serves. The rest of `litellm/proxy` stays:
+# a run loads a dozen of its modules (`_types`, `common_utils`, `spend_tracking.savings`, ...), as an import audit
+# of a whole run shows
+PRUNED: tuple[str, ...] = ("litellm/proxy/_experimental/out",)
 # Runs mini's CLI module with an audit hook that logs the sockets it connects and the names it resolves. Paths come
 # from the command line and the environment, never from file contents (landlock maps /home/agent only there).
 LAUNCHER = """import json, os, runpy, sys
@@ -106,6 +112,26 @@ QUIET = {  # what mini-swe-agent and litellm honour: no prompts, no banner, no f
 }
 
 
+def without(src: Path, rel: str, pruned: tuple[str, ...]) -> dict[str, Path]:
+    """The directory ``src`` as bundle contents at ``rel`` (bundle-relative path -> host path), less the ``pruned``
+    paths under it: each directory on the way to one is listed entry by entry, taking of it what a whole-tree copy
+    (`bundle._copy_in`) would (no links to directories, no `SKIP_DIRS`, no `PRUNE_SUFFIXES`, no dangling links); the
+    rest is listed whole."""
+    if not pruned:
+        return {rel: src}
+    out: dict[str, Path] = {}
+    for child in sorted(src.iterdir()):
+        if child.name in pruned:
+            continue
+        if child.is_dir():
+            if not child.is_symlink() and child.name not in SKIP_DIRS:
+                below = tuple(p.split("/", 1)[1] for p in pruned if p.startswith(child.name + "/"))
+                out.update(without(child, f"{rel}/{child.name}", below))
+        elif child.is_file() and not child.name.endswith(PRUNE_SUFFIXES):
+            out[f"{rel}/{child.name}"] = child
+    return out
+
+
 class MiniSweAgentHarness(BundledHarness):
     name: ClassVar[str] = "mini-swe-agent"
     version: ClassVar[str] = "2.4.6"
@@ -117,7 +143,8 @@ class MiniSweAgentHarness(BundledHarness):
     installer: ClassVar[str] = "pip install"
     needs_node: ClassVar[bool] = False
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = ()
-    bundle_inputs: ClassVar[tuple[str, ...]] = (*pyruntime.recipe(), *PINS)
+    install_inputs: ClassVar[tuple[str, ...]] = (*pyruntime.recipe(), *PINS)  # what its install is made from
+    bundle_inputs: ClassVar[tuple[str, ...]] = (*install_inputs, *(f"prune {p}" for p in PRUNED))
     # its own loader and C library (glibc 2.36): the image's glibc is never used; the floor is only a kernel's
     min_glibc: ClassVar[str] = "2.17"
     bundle_probe: ClassVar[str] = f"{pyruntime.python_command('.')} -c 'import ssl, pydantic_core, yaml'"
@@ -128,24 +155,24 @@ class MiniSweAgentHarness(BundledHarness):
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
         done = root / ".installed"
-        if done.is_file() and done.read_text() == "\n".join(self.bundle_inputs):
+        if done.is_file() and done.read_text() == "\n".join(self.install_inputs):
             return root
         root.mkdir(parents=True, exist_ok=True)
         done.unlink(missing_ok=True)
         pyruntime.build_runtime(root, log)
         log(f"pip install {len(PINS)} pinned packages (mini-swe-agent=={self.version}) into its bundle")
-        pyruntime.pip_install(root, PINS, bundles_dir() / ".downloads" / "pip", log)
+        pyruntime.pip_install(root, PINS, pip_downloads(), log)
         log(f"agent runtime: {pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE)} libraries")
         pyruntime.compile_all(root)
         log(f"agent runtime: {pyruntime.self_test(root, 'ssl, sqlite3, ctypes, pydantic_core, yaml, tiktoken')}")
-        done.write_text("\n".join(self.bundle_inputs))
+        done.write_text("\n".join(self.install_inputs))
         return root
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         root = self.install_dir()
         if not (root / ".installed").is_file():
             raise AgentError("install", f"{root} holds no finished install of {self.name}")
-        return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, pyruntime.SITE: root / pyruntime.SITE}
+        return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, **without(root / pyruntime.SITE, pyruntime.SITE, PRUNED)}
 
     def config(self, cfg: AgentConfig, prompt: str) -> dict:
         return {

@@ -4,11 +4,13 @@
 ahead of time. A rollout that asks for a harness whose bundle is not built installs it first (npm install + its
 bundle, `server/agents/bundle.py`), with progress lines (`<harness> <version>: NN% <step>`) in the server's log and
 in the rollout's progress. A server that cannot install it — installing on first use switched off
-(`SWE_GYM_INSTALL_ON_USE=0`), no `npm` on its PATH, npm set offline (`npm_config_offline`) — refuses the rollout
-at `validate`, naming the command that installs it ahead of time; an install that is tried and fails (no registry,
-a bad pin) fails the rollout at `install`, naming the same command. The same setting governs the pypi split and the
-task venvs a rollout would build on first use (server/rollout/pipeline.py); the time a first-use install takes does
-not count against the rollout's deadline (`timings`: `install.harness`, `install.split`, `install.env`).
+(`SWE_GYM_INSTALL_ON_USE=0`), or missing what that harness's install takes (`install_refusal`: for the npm ones, an
+`npm` on its PATH that is not set offline; for the Python ones, what their runtime is built with) — refuses the
+rollout at `validate`, naming the command that installs it ahead of time; an install that is tried and fails (no
+registry, a bad pin) fails the rollout at `install`, naming the same command. The same setting governs the pypi
+split and the task venvs a rollout would build on first use (server/rollout/pipeline.py); the time a first-use
+install takes does not count against the rollout's deadline (`timings`: `install.harness`, `install.split`,
+`install.env`).
 
 One install per harness at a time: threads of this process wait on a lock, other processes (servers sharing the
 cache) on a file lock; whoever comes second finds the bundle built.
@@ -17,13 +19,18 @@ cache) on a file lock; whoever comes second finds the bundle built.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from swe_gym_env.names import HARNESSES as _NAMES
 from swe_gym_env.procs import file_lock
+from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AgentError, Harness
 from swe_gym_env.server.agents.bundle import Bundle, build_bundle, bundles_dir, ensure_bundle, find_bundle
 
@@ -49,15 +56,65 @@ def installed(h: Harness) -> bool:
     return find_bundle(h) is not None
 
 
-def install_refusal(allowed: bool) -> str | None:
-    """Why this server cannot install a harness on first use (None: it can try)."""
+def install_refusal(allowed: bool, harness: Harness | None = None) -> str | None:
+    """Why this server cannot install ``harness`` on first use (None: it can try), from what its install takes
+    (its `installer`): npm for the npm ones, what their runtime is built with for the Python ones (`_python_refusal`).
+    Without a harness: what the npm ones take."""
     if not allowed:
         return f"installing on first use is off here ({INSTALL_ON_USE_ENV}=0)"
+    if harness is not None and harness.installer.split()[0] == "pip":
+        return _python_refusal()
+    return _npm_refusal()
+
+
+def _npm_refusal() -> str | None:
     if shutil.which("npm") is None:
         return "there is no npm on the server's PATH to install it with"
     offline = os.environ.get("npm_config_offline") or os.environ.get("NPM_CONFIG_OFFLINE") or ""
     if offline.strip().lower() not in ("", *_OFF):
         return "npm is set offline here (npm_config_offline)"
+    return None
+
+
+def pip_downloads() -> Path:
+    """Where the Python harnesses' runtime pip wheel is fetched to (`pyruntime.fetch_pip`), once for all of them."""
+    return bundles_dir() / ".downloads" / "pip"
+
+
+def _runs(argv: list[str]) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _pip_fetched() -> bool:
+    name, version, sha = pyruntime.PIP
+    wheel = pip_downloads() / f"{name}-{version}-py3-none-any.whl"
+    return wheel.is_file() and hashlib.sha256(wheel.read_bytes()).hexdigest() == sha
+
+
+def _python_refusal() -> str | None:
+    """What the agent runtime of a Python harness is built with (`pyruntime.build_runtime`, `pip_install`): the
+    source Python it is copied from (`pyruntime.source_python`: Python 3.11, runnable here), ldd (to find the
+    libraries it ships), a pip to fetch the runtime's own pip with (unless fetched already), and pip not set offline
+    (it installs the agent's pinned wheels from the index)."""
+    source = pyruntime.source_python()
+    how = f"set {pyruntime.SOURCE_ENV} to a Python {pyruntime.VERSION}"
+    r = _runs([source, "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+    if r is None or r.returncode != 0:
+        return f"the agent runtime's source Python ({source}) does not run here ({how})"
+    if (version := r.stdout.strip()) != pyruntime.VERSION:
+        return f"the agent runtime's source Python ({source}) is Python {version}, not {pyruntime.VERSION} ({how})"
+    if shutil.which("ldd") is None:
+        return "there is no ldd on the server's PATH (the agent runtime ships the libraries ldd finds)"
+    has_pip = "import importlib.util, sys; sys.exit(importlib.util.find_spec('pip') is None)"
+    pythons = dict.fromkeys((source, sys.executable))  # as `pyruntime.fetch_pip` tries them
+    if not _pip_fetched() and not any(getattr(_runs([p, "-c", has_pip]), "returncode", 1) == 0 for p in pythons):
+        return f"there is no pip to fetch the agent runtime's pip with (none in {', '.join(pythons)})"
+    no_index = os.environ.get("PIP_NO_INDEX") or ""
+    if no_index.strip().lower() not in ("", *_OFF) and not os.environ.get("PIP_FIND_LINKS"):
+        return "pip is set offline here (PIP_NO_INDEX, and no PIP_FIND_LINKS)"
     return None
 
 

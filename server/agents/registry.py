@@ -52,7 +52,7 @@ def harness_info() -> dict[str, dict[str, str | bool]]:
     when not, whether a rollout would install it on first use here (server/agents/provision.py)."""
     from swe_gym_env.server.agents.provision import install_on_use_from_env, install_refusal
 
-    refusal = install_refusal(install_on_use_from_env())
+    allowed = install_on_use_from_env()
     out: dict[str, dict[str, str | bool]] = {}
     for name in _NAMES:
         try:
@@ -64,6 +64,7 @@ def harness_info() -> dict[str, dict[str, str | bool]]:
         try:
             h.mounts()  # raises when the install or bundle is missing
         except AgentError as e:
+            refusal = install_refusal(allowed, h)
             how = f"cannot install it on first use ({refusal})" if refusal else "a rollout installs it on first use"
             row.update(ready=False, installs_on_first_use=refusal is None, reason=f"{e}; or {how}")
         out[name] = row

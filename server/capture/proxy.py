@@ -5,7 +5,9 @@ Each rollout gets a session: a public id (URLs, UI, results) and a separate secr
 forced on, validated (ids and logprobs aligned; anything off is an error to the agent, never a silent success),
 linked into the rollout graph, written to the durable store, and only then answered. When the agent streams, the
 engine's stream is forwarded chunk by chunk as it arrives (time to first token is the engine's) and the end of the
-reply is held until the call is stored.
+reply is held until the call is stored. When the agent wants a whole reply, the engine is still asked for a stream,
+read to its end and answered whole (`streaming.collect`): its stall clock runs, so a hung engine fails the call at
+the stall timeout whether the agent streams or not, and the call is captured as a streamed one is.
 
 Agent-facing: one route per route of each registered dialect (`registry.DIALECTS`: OpenAI chat completions and
 Responses, Anthropic Messages, Gemini), the only routes a sandbox can reach. Auxiliary routes (token counting, model
@@ -41,6 +43,7 @@ from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.capture.streaming import (
     agent_error,
     check_reply,
+    collect,
     engine_headers,
     fail,
     passthrough,
@@ -265,13 +268,15 @@ class CaptureProxy:
             if dialect.relays_engine:
                 return await passthrough(self.upstream, session, dialect, req)
             return await self._black_box(session, dialect, req)
-        through = req.stream and session.stream_through
+        # the engine streams whatever the agent asked (its stall clock runs); without stream_through, never
+        streams = session.stream_through
+        through = req.stream and streams
         up, rewrites = dialect.upstream_body(
             req,
             served_model=session.engine.served_model,
             max_tokens=session.max_tokens,
             sampling=session.sampling,
-            stream=through,
+            stream=streams,
         )
         session.rewrites.update(rewrites)
         t0 = time.monotonic()
@@ -282,8 +287,11 @@ class CaptureProxy:
 
             return await stream_through(self.upstream, session, dialect, req, up, record)
         try:
-            status, data = await post(self.upstream, session, dialect.upstream_path, up)
-            call = dialect.read_reply(req, check_reply(status, data))
+            if streams:  # the agent wants it whole: collected from the engine's stream
+                call = await collect(self.upstream, session, dialect, req, up)
+            else:
+                status, data = await post(self.upstream, session, dialect.upstream_path, up)
+                call = dialect.read_reply(req, check_reply(status, data))
             self._record(session, dialect, up, call, streamed=req.stream, wall=time.monotonic() - t0)
         except UpstreamError as e:
             return fail(session, dialect, 504 if e.timeout else 502, str(e))

@@ -1,7 +1,12 @@
 """Calls to the engine and what reaches the agent while they run, whatever the dialect.
 
-A non-streamed call is one upstream POST in a task its session can cancel. A streamed call is pumped by its own task
-(`pump`) onto a queue, under two clocks: the whole call's timeout and a stall timeout that restarts with every read.
+A captured call asks the engine for a stream whatever the agent asked for. A streamed call is pumped by its own task
+(`pump`) onto a queue, under two clocks: the whole call's timeout and a stall timeout that restarts with every
+read, so an engine that hangs ends its call at the stall timeout, not at the call's (a whole reply still being
+generated and a hung engine look the same). A call the agent wants whole is `collect`ed: the same stream, read to
+its end by the same `DialectStream` (the same ids, logprobs, message, finish reason and usage as when it streams),
+then answered whole. `post` (one upstream POST in a task its session can cancel) serves what never streams:
+sessions that do not stream through (`CaptureSession.stream_through`), black-box calls.
 The pump splits the engine's bytes into SSE payloads and queues them unparsed, all that arrived together at once;
 `stream_through` has the dialect read them (`DialectStream.read`), forwards what arrived together in one write as it
 arrives, does the work kept off the agent's path once that write is out (`DialectStream.forwarded`: vLLM's prompt
@@ -18,7 +23,7 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from swe_gym_env.server.capture.dialect import AgentRequest, CapturedCall, Dialect, DialectError, sse
+from swe_gym_env.server.capture.dialect import AgentRequest, CapturedCall, Dialect, DialectError, DialectStream, sse
 from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
 from swe_gym_env.server.capture.upstream import Upstream, UpstreamError
 
@@ -149,6 +154,33 @@ def start_pump(
     return task, queue
 
 
+async def next_batch(queue: asyncio.Queue) -> list[bytes] | None:
+    """The pump's next payloads (`pump`); None once the stream is done; its error raised (`DialectError`)."""
+    kind, got = await queue.get()
+    if kind == "error":
+        raise got
+    return got if kind == "data" else None
+
+
+async def start_stream(
+    upstream: Upstream, session: CaptureSession, dialect: Dialect, request: AgentRequest, up: dict
+) -> tuple[asyncio.Task, asyncio.Queue, DialectStream, dict, list[bytes]]:
+    """The engine's stream started (`pump`) and its first chunk read and checked (`DialectStream.check_first`): the
+    pump, its queue, the call's stream, that chunk, and the payloads that arrived with it. `DialectError` (the pump
+    cancelled) when the engine's reply cannot start a captured stream."""
+    task, queue = start_pump(upstream, session, dialect.upstream_path, up)
+    stream = dialect.open_stream(request)
+    try:
+        batch = await next_batch(queue)
+        first = stream.read(batch[0]) if batch else None
+        stream.check_first(first)
+    except BaseException:
+        task.cancel()
+        raise
+    assert first is not None and batch is not None
+    return task, queue, stream, first, batch[1:]
+
+
 async def stream_through(
     upstream: Upstream,
     session: CaptureSession,
@@ -159,24 +191,16 @@ async def stream_through(
 ) -> Response:
     """Forward the engine's stream as it arrives (what has arrived together goes to the agent in one write); the end
     of the reply waits until ``record`` has stored the call."""
-    task, queue = start_pump(upstream, session, dialect.upstream_path, up)
-    kind, batch = await queue.get()
-    stream = dialect.open_stream(request)
     try:
-        if kind == "error":
-            raise batch
-        first = stream.read(batch[0]) if kind == "data" else None
-        stream.check_first(first)
+        task, queue, stream, first, rest = await start_stream(upstream, session, dialect, request, up)
     except DialectError as err:
-        task.cancel()
         return fail(session, dialect, err.status, err.message, err.code)
-    assert first is not None
 
     async def body() -> AsyncIterator[bytes]:
         try:
             stream.add(first)
             out = [stream.agent_chunk(first)]
-            items: list[bytes] = batch[1:]
+            items = rest
             held: list[dict] = []
             while True:
                 for data in items:
@@ -190,11 +214,9 @@ async def stream_through(
                     yield chunk
                     out.clear()
                 stream.forwarded()
-                kind, got = await queue.get()
-                if kind == "done":
+                got = await next_batch(queue)
+                if got is None:
                     break
-                if kind == "error":
-                    raise got
                 items = got
             record(stream.call())
             yield b"".join(stream.end(held))
@@ -205,6 +227,29 @@ async def stream_through(
             task.cancel()
 
     return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def collect(
+    upstream: Upstream, session: CaptureSession, dialect: Dialect, request: AgentRequest, up: dict
+) -> CapturedCall:
+    """A call the agent wants whole (``up`` asks the engine for a stream): the engine's stream read to its end by the
+    dialect's `DialectStream`, exactly as `stream_through` reads it, nothing forwarded; the whole call, validated.
+    `DialectError` when the engine fails, stalls or sends anything off."""
+    task, queue, stream, first, rest = await start_stream(upstream, session, dialect, request, up)
+    try:
+        stream.add(first)
+        items: list[bytes] | None = rest
+        while items is not None:
+            for data in items:
+                stream.add(stream.read(data))
+            items = await next_batch(queue)
+        call = stream.call()
+    finally:
+        task.cancel()
+    if call.usage is None:  # a whole reply always has one: the counts of the ids themselves
+        n, m = len(call.prompt_token_ids), len(call.completion_token_ids)
+        call.usage = {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+    return call
 
 
 async def passthrough(upstream: Upstream, session: CaptureSession, dialect: Dialect, request: AgentRequest) -> Response:

@@ -65,7 +65,7 @@ class Pipeline:
         except AgentError as e:
             raise RolloutFailure("install", str(e)) from e
         harness_missing = not provision.installed(harness)
-        if harness_missing and (why := provision.install_refusal(self.config.install_on_use)) is not None:
+        if harness_missing and (why := provision.install_refusal(self.config.install_on_use, harness)) is not None:
             raise RolloutFailure("validate", provision.not_installed(harness, why))
         if unbuilt(req.split) and not self.config.install_on_use:
             raise RolloutFailure(
