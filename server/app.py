@@ -29,6 +29,7 @@ from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
+from swe_gym_env.server.rollout.service import freeze_startup_heap
 from swe_gym_env.server.sandbox.hf_pool import close_pools
 from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.preflight import probe_all, resolved
@@ -101,6 +102,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         tcp = await _serve_capture_tcp(capture, sock_dir / CAPTURE_PORT_FILE)
         await probe_all()  # which sandboxes work here (cached): `auto` resolves without blocking a request later
         warm = asyncio.create_task(asyncio.to_thread(load_swebench))
+        warm.add_done_callback(lambda _: freeze_startup_heap())  # in the loop's thread, once
         app.state.warm = warm
         reaper = asyncio.create_task(reap_forever())  # sandboxes of dead servers, and ours past their deadline
         try:

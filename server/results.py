@@ -35,7 +35,7 @@ ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: noth
 INDEX_NAME = ".index.sqlite"
 INDEX_VERSION = 1  # PRAGMA user_version of the index; another value: rebuilt from the files
 CACHE_ITEMS = 16  # finished results kept in memory as their JSON (most recently used), parsed again on each read
-CACHE_BYTES = 16 * 1024 * 1024  # ... and at most this much of it: the bound is the memory held, not an estimate
+CACHE_BYTES = 8 * 1024 * 1024  # ... and at most this much of it (about 3 results of 80 calls): the memory held
 
 INDEX_SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from swe_gym_env.names import SANDBOXES
 from swe_gym_env.server.capture import EngineTarget
+from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
 from swe_gym_env.server.retention import RetentionSettings, parse_bytes
 from swe_gym_env.server.security import engine_allowlist
 
@@ -49,8 +50,8 @@ class ServerConfig:
     # what the results store and the capture store may keep (age, bytes, free-space floor): server/retention.py
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     # finished results kept in memory as their JSON (the rest are read from disk on demand): count, and bytes
-    result_cache_items: int = 16
-    result_cache_bytes: int = 16 * 1024 * 1024
+    result_cache_items: int = CACHE_ITEMS
+    result_cache_bytes: int = CACHE_BYTES
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -76,6 +77,6 @@ class ServerConfig:
             allow_engine_urls=engine_allowlist(),
             install_on_use=install_on_use_from_env(),
             retention=RetentionSettings.from_env(),
-            result_cache_items=int(os.environ.get("SWE_GYM_RESULT_CACHE_ITEMS") or 16),
-            result_cache_bytes=parse_bytes(os.environ.get("SWE_GYM_RESULT_CACHE_BYTES") or "16M"),
+            result_cache_items=int(os.environ.get("SWE_GYM_RESULT_CACHE_ITEMS") or CACHE_ITEMS),
+            result_cache_bytes=parse_bytes(os.environ.get("SWE_GYM_RESULT_CACHE_BYTES") or str(CACHE_BYTES)),
         )

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import gc
 import sqlite3
 import sys
 import time
@@ -60,9 +61,20 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 def release_memory() -> None:
     """Give freed heap back to the system: a long rollout's ids and messages are many small objects, and without
-    this glibc keeps their pages, so the server's RSS would stay at its peak after rollouts finish."""
+    this glibc keeps their pages, so the server's RSS would stay at its peak after rollouts finish. A rollout also
+    leaves reference cycles (tasks, frames, exceptions holding its buffers) that only a full collection frees: with
+    the startup heap frozen (`freeze_startup_heap`) that collection walks only what was made since, milliseconds."""
+    gc.collect()
     if (trim := _malloc_trim()) is not None:
         trim(0)
+
+
+def freeze_startup_heap() -> None:
+    """Once the server is warm: collect, then move every object alive now (modules, classes, schemas: ~330k) to
+    the permanent generation, so the full collections after each rollout skip them (0.26 s each otherwise, on
+    the event loop)."""
+    gc.collect()
+    gc.freeze()
 
 
 class RolloutService:
