@@ -31,6 +31,9 @@ HARNESSES: dict[str, Plugin] = {
     "mini-swe-agent": Plugin(
         "swe_gym_env.server.agents.mini_swe_agent:MiniSweAgentHarness", "swe-gym-env setup --harness mini-swe-agent"
     ),
+    "openhands": Plugin(
+        "swe_gym_env.server.agents.openhands:OpenHandsHarness", "swe-gym-env setup --harness openhands"
+    ),
 }
 
 SANDBOXES: dict[str, Plugin] = {

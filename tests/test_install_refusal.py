@@ -89,3 +89,18 @@ def test_the_pip_downloads_are_where_the_python_harness_fetches_its_pip(monkeypa
     provision.pip_downloads().mkdir(parents=True)
     (provision.pip_downloads() / f"{name}-{version}-py3-none-any.whl").write_bytes(b"not the pinned wheel")
     assert not provision._pip_fetched()  # a wheel that is not the pinned one counts for nothing
+
+
+def test_openhands_needs_apt_get_and_dpkg_deb_for_its_debian_runtime_not_the_source_python(host, monkeypatch):
+    from swe_gym_env.server.agents.openhands import OpenHandsHarness
+
+    oh = OpenHandsHarness()
+    monkeypatch.setenv("FAKE_VERSION", "3.9")  # the host runtime's source Python is beside the point here
+    assert "no apt-get or dpkg-deb" in (provision.install_refusal(True, oh) or "")
+    executable(host / "apt-get")
+    assert "no dpkg-deb" in (provision.install_refusal(True, oh) or "")
+    executable(host / "dpkg-deb")
+    assert "no pip to fetch the agent runtime's pip" in (provision.install_refusal(True, oh) or "")
+    monkeypatch.setenv("FAKE_PIP_RC", "0")
+    assert provision.install_refusal(True, oh) is None  # no npm, no ldd, a source Python of another version
+    assert "is Python 3.9" in (provision.install_refusal(True, MiniSweAgentHarness()) or "")

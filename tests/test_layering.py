@@ -115,10 +115,13 @@ def test_registries_wire_and_cli_take_the_names_from_one_list():
     for name in names.HARNESSES:
         cls = harness_class(name)
         assert cls.name == name and isinstance(cls.needs_node, bool) and cls.min_context_tokens > 0
+        assert isinstance(cls.needs_pty, bool) and cls.python_runtime in (None, "host", "debian")
     for name in ("local", "docker"):  # the others need optional SDKs; their classes load lazily
         cls = backend_class(name)
         assert issubclass(cls, SandboxBase) and cls.host_mounts and cls.takes_repo_source and not cls.needs_image
     assert backend_class("docker").uses_image and not backend_class("local").uses_image
+    assert backend_class("local").has_ptys and backend_class("docker").has_ptys  # agents' terminals need one
+    assert not backend_class("landlock").has_ptys  # none can be granted there: tests/test_openhands.py
     # argparse's choices come from the same tables
     with pytest.raises(SystemExit):
         cli.main(["rollout", "--harness", "no-such-agent"])

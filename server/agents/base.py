@@ -167,6 +167,7 @@ class Harness(Protocol):
     dialect: ClassVar[str]  # the capture dialect it speaks (by default): openai-chat, openai-responses, ...
     needs_node: ClassVar[bool]  # runs on Node (>= 20.6): its bundle carries one, never the image's
     min_context_tokens: ClassVar[int]  # the least engine context it works in: its own prompt + room to act
+    needs_pty: ClassVar[bool]  # its terminal tool runs a shell on a pty: only on sandboxes with `has_ptys`
     # its bundle (server/agents/bundle.py): what goes in, the image's glibc floor, the boot probe, the JS runtime
     # inside that can check the digest where the image has no sha256sum
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]]
@@ -174,6 +175,9 @@ class Harness(Protocol):
     bundle_probe: ClassVar[str]  # run in the bundle's directory at boot: proves the bundle runs in the image
     bundle_verifier: ClassVar[str | None]
     installer: ClassVar[str]  # how its package is installed, in progress lines: "npm install", "pip install"
+    # a Python agent's own runtime, what installing it takes (provision.install_refusal): "host" (copied from this
+    # machine's Python 3.11), "debian" (Debian's packages, fetched with apt-get); None: not a Python agent
+    python_runtime: ClassVar[str | None]
     bundle_inputs: ClassVar[tuple[str, ...]]  # what else the bundle is built from (pins, a runtime): in its recipe
 
     def install_dir(self) -> Path: ...

@@ -19,6 +19,8 @@ A bundle is a directory `<cache>/bundles/<harness>-<version>-<digest[:16]>/`:
   gemini-cli: node/bin/node (as Pi's) and gemini/node_modules/… (`@google/gemini-cli`, optional native modules omitted)
   mini-swe-agent: python/… (a relocatable CPython 3.11 with its own loader and C library: server/agents/pyruntime.py)
              and site/… (`mini-swe-agent` and its pinned dependencies, installed by that runtime's pip, compiled)
+  openhands: python/… (Debian trixie's CPython 3.13 with trixie's loader and C library, from its packages:
+             pyruntime.TRIXIE_PYTHON) and site/… (`openhands-sdk` / `openhands-tools` and their pinned dependencies)
 `<cache>/bundles/<harness>-<version>.json` points at the current one. Artifacts are fetched with `npm pack` (npm's own
 registry settings and CA apply) and checked against the pinned sha512 before use.
 """
@@ -252,6 +254,8 @@ class BundledHarness:
     version: ClassVar[str]
     bundle_inputs: ClassVar[tuple[str, ...]] = ()
     installer: ClassVar[str] = "npm install"
+    needs_pty: ClassVar[bool] = False  # its terminal tool runs a shell on a pty: only sandboxes with `has_ptys`
+    python_runtime: ClassVar[str | None] = None  # a Python agent's runtime: "host" or "debian" (Harness)
 
     def install_dir(self) -> Path:
         return cache_dir() / "agents" / f"{self.name}-{self.version}"

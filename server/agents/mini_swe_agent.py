@@ -29,24 +29,21 @@ how it ended.
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import (
     AGENT_HOME,
-    BUNDLE_MOUNT,
     AgentConfig,
-    AgentError,
     AgentOutcome,
     NpmArtifact,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import PRUNE_SUFFIXES, SKIP_DIRS, BundledHarness
+from swe_gym_env.server.agents.bundle import PRUNE_SUFFIXES, SKIP_DIRS
 from swe_gym_env.server.agents.provision import pip_downloads
+from swe_gym_env.server.agents.pyagent import AUDIT, PythonAgent
 
-KEY_ENV = "OPENAI_API_KEY"  # litellm's openai provider reads it at call time
 TRAJ = f"{AGENT_HOME}/mini-traj.json"
 LOG = f"{AGENT_HOME}/mini-log.txt"
 NET = f"{AGENT_HOME}/mini-net.jsonl"  # every connect / name lookup the agent's Python made
@@ -81,19 +78,13 @@ PINS: tuple[str, ...] = tuple(
 PRUNED: tuple[str, ...] = ("litellm/proxy/_experimental/out",)
 # Runs mini's CLI module with an audit hook that logs the sockets it connects and the names it resolves. Paths come
 # from the command line and the environment, never from file contents (landlock maps /home/agent only there).
-LAUNCHER = """import json, os, runpy, sys
-NET = os.environ.pop("SWE_GYM_NET_LOG")
-def _audit(event, args):
-    if event in ("socket.connect", "socket.getaddrinfo", "socket.sendto"):
-        try:
-            with open(NET, "a") as f:
-                f.write(json.dumps([event, repr(args[1] if event == "socket.connect" else args[:2])]) + "\\n")
-        except OSError:
-            pass
-sys.addaudithook(_audit)
+LAUNCHER = (
+    AUDIT
+    + """import runpy
 sys.argv[0] = "mini"
 runpy.run_module("minisweagent.run.mini", run_name="__main__", alter_sys=True)
 """
+)
 QUIET = {  # what mini-swe-agent and litellm honour: no prompts, no banner, no fetch, no telemetry
     "MSWEA_CONFIGURED": "1",  # else it asks for a default model on stdin
     "MSWEA_SILENT_STARTUP": "1",
@@ -132,7 +123,7 @@ def without(src: Path, rel: str, pruned: tuple[str, ...]) -> dict[str, Path]:
     return out
 
 
-class MiniSweAgentHarness(BundledHarness):
+class MiniSweAgentHarness(PythonAgent):
     name: ClassVar[str] = "mini-swe-agent"
     version: ClassVar[str] = "2.4.6"
     dialect: ClassVar[str] = "openai-chat"
@@ -140,17 +131,14 @@ class MiniSweAgentHarness(BundledHarness):
     # the demo task's issue in it (1,245 under landlock: a longer work-tree path); room for a few steps, as Pi's
     min_context_tokens: ClassVar[int] = 4096
     package: ClassVar[str] = "mini-swe-agent"  # from PyPI, by the bundle's own pip
-    installer: ClassVar[str] = "pip install"
-    needs_node: ClassVar[bool] = False
+    python_runtime: ClassVar[str | None] = "host"
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = ()
     install_inputs: ClassVar[tuple[str, ...]] = (*pyruntime.recipe(), *PINS)  # what its install is made from
     bundle_inputs: ClassVar[tuple[str, ...]] = (*install_inputs, *(f"prune {p}" for p in PRUNED))
-    # its own loader and C library (glibc 2.36): the image's glibc is never used; the floor is only a kernel's
-    min_glibc: ClassVar[str] = "2.17"
     bundle_probe: ClassVar[str] = f"{pyruntime.python_command('.')} -c 'import ssl, pydantic_core, yaml'"
-    bundle_verifier: ClassVar[str | None] = None
     events_path = TRAJ  # its trajectory: the record parse_events reads
     log_path = LOG
+    launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, QUIET
 
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
@@ -169,9 +157,7 @@ class MiniSweAgentHarness(BundledHarness):
         return root
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        root = self.install_dir()
-        if not (root / ".installed").is_file():
-            raise AgentError("install", f"{root} holds no finished install of {self.name}")
+        root = self.finished_install()
         return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, **without(root / pyruntime.SITE, pyruntime.SITE, PRUNED)}
 
     def config(self, cfg: AgentConfig, prompt: str) -> dict:
@@ -190,26 +176,16 @@ class MiniSweAgentHarness(BundledHarness):
                 "cost_tracking": "ignore_errors",
                 "model_kwargs": {"api_base": cfg.base_url.rstrip("/") + "/v1", "max_tokens": int(cfg.max_tokens)},
             },
-            "environment": {"environment_class": "local", "env": {KEY_ENV: ""}},  # its commands never see the key
+            # its commands never see the key
+            "environment": {"environment_class": "local", "env": {self.key_env: ""}},
             "run": {"task": prompt},
         }
 
-    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
-        return {
-            CONFIG: (json.dumps(self.config(cfg, prompt), indent=2).encode(), 0o600),  # JSON is YAML
-            LAUNCH: (LAUNCHER.encode(), 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
-        }
+    def config_text(self, cfg: AgentConfig, prompt: str) -> bytes:
+        return json.dumps(self.config(cfg, prompt), indent=2).encode()  # JSON is YAML
 
-    def command(self, cfg: AgentConfig) -> str:
-        quiet = " ".join(f"{k}={shlex.quote(v)}" for k, v in QUIET.items())
-        return (
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export {quiet} SWE_GYM_NET_LOG={NET} XDG_CONFIG_HOME={AGENT_HOME}/.config "
-            f"XDG_CACHE_HOME={AGENT_HOME}/.cache\n"
-            f"{pyruntime.python_command(BUNDLE_MOUNT)} {LAUNCH} -c mini.yaml -c {CONFIG} --exit-immediately "
-            f"-o {TRAJ} < /dev/null > {LOG} 2>&1"
-        )
+    def launch_args(self, cfg: AgentConfig) -> str:
+        return f"-c mini.yaml -c {CONFIG} --exit-immediately -o {TRAJ}"
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()

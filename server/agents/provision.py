@@ -62,8 +62,8 @@ def install_refusal(allowed: bool, harness: Harness | None = None) -> str | None
     Without a harness: what the npm ones take."""
     if not allowed:
         return f"installing on first use is off here ({INSTALL_ON_USE_ENV}=0)"
-    if harness is not None and harness.installer.split()[0] == "pip":
-        return _python_refusal()
+    if harness is not None and harness.python_runtime is not None:
+        return _python_refusal(harness.python_runtime)
     return _npm_refusal()
 
 
@@ -94,12 +94,17 @@ def _pip_fetched() -> bool:
     return wheel.is_file() and hashlib.sha256(wheel.read_bytes()).hexdigest() == sha
 
 
-def _python_refusal() -> str | None:
-    """What the agent runtime of a Python harness is built with (`pyruntime.build_runtime`, `pip_install`): the
-    source Python it is copied from (`pyruntime.source_python`: Python 3.11, runnable here), ldd (to find the
-    libraries it ships), a pip to fetch the runtime's own pip with (unless fetched already), and pip not set offline
-    (it installs the agent's pinned wheels from the index)."""
+def _python_refusal(runtime: str) -> str | None:
+    """What the agent runtime of a Python harness is built with: for a "host" runtime (`pyruntime.build_runtime`)
+    the source Python it is copied from (`pyruntime.source_python`: Python 3.11, runnable here) and ldd (to find the
+    libraries it ships); for a "debian" one (`pyruntime.build_debian_runtime`) apt-get and dpkg-deb (to fetch and
+    unpack Debian's packages); for both a pip to fetch the runtime's own pip with (unless fetched already), and pip
+    not set offline (it installs the agent's pinned wheels from the index)."""
     source = pyruntime.source_python()
+    if runtime == "debian":
+        if missing := [t for t in ("apt-get", "dpkg-deb") if shutil.which(t) is None]:
+            return f"there is no {' or '.join(missing)} on the server's PATH (the agent runtime is Debian's packages)"
+        return _pip_refusal(source)
     how = f"set {pyruntime.SOURCE_ENV} to a Python {pyruntime.VERSION}"
     r = _runs([source, "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
     if r is None or r.returncode != 0:
@@ -108,6 +113,10 @@ def _python_refusal() -> str | None:
         return f"the agent runtime's source Python ({source}) is Python {version}, not {pyruntime.VERSION} ({how})"
     if shutil.which("ldd") is None:
         return "there is no ldd on the server's PATH (the agent runtime ships the libraries ldd finds)"
+    return _pip_refusal(source)
+
+
+def _pip_refusal(source: str) -> str | None:
     has_pip = "import importlib.util, sys; sys.exit(importlib.util.find_spec('pip') is None)"
     pythons = dict.fromkeys((source, sys.executable))  # as `pyruntime.fetch_pip` tries them
     if not _pip_fetched() and not any(getattr(_runs([p, "-c", has_pip]), "returncode", 1) == 0 for p in pythons):

@@ -16,6 +16,13 @@ task's never meet. The agent's packages are installed by the runtime's own pip (
 into `site/` (`pip install --target`, `--no-deps` from a full pin list, binary wheels only); every module is compiled
 with `--invalidation-mode unchecked-hash`, so the read-only bundle starts without compiling and without writing
 `__pycache__` (copies change mtimes; hash-based .pyc files do not care).
+
+A second source, for agents that need a newer Python than the host's (OpenHands' SDK: >= 3.12): Debian's CPython of
+another suite (`DebianPython`: trixie's 3.13), from that suite's packages (`apt-get download` with a private apt
+configuration: the host's keyring checks the suite's signed index, which checks every .deb), unpacked with
+`dpkg-deb -x`, never installed. Its binary needs that suite's C library (glibc 2.41 for trixie), so the libraries it
+and the agent's packages load are listed by that suite's own loader (`ld.so --list`), not the host's `ldd`, and taken
+from the unpacked packages; the rest is the same layout, run the same way (`python_command(root, version)`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from swe_gym_env.server.agents.base import AgentError
@@ -49,10 +57,15 @@ DROP = frozenset(
 _LDD_LINE = re.compile(r"^\s*(?:\S+\s+=>\s+)?(/\S+)\s+\(0x")
 
 
-def python_command(root: str) -> str:
+def binary(version: str = VERSION) -> str:
+    """The interpreter's path inside the runtime directory."""
+    return f"bin/python{version}"
+
+
+def python_command(root: str, version: str = VERSION) -> str:
     """The shell words that start the bundle's Python isolated, the bundle at ``root``."""
     py = f"{root}/{RUNTIME}"
-    return f"{py}/lib/{LOADER} --library-path {py}/lib {py}/{BIN} -I -X utf8"
+    return f"{py}/lib/{LOADER} --library-path {py}/lib {py}/{binary(version)} -I -X utf8"
 
 
 def source_python() -> str:
@@ -78,32 +91,45 @@ def _run(argv: list[str], what: str, timeout: float = 900, cwd: Path | None = No
     return r.stdout
 
 
-def _layout(source: str) -> dict:
+def _layout(source: str, version: str = VERSION, start: tuple[str, ...] = ()) -> dict:
+    """Where ``source``'s standard library is (``start``: the words before it that run it, e.g. its own loader)."""
     probe = (
         "import json, sys, sysconfig; print(json.dumps({'version': '%d.%d' % sys.version_info[:2], "
         "'stdlib': sysconfig.get_path('stdlib'), 'executable': sys.executable}))"
     )
-    out = json.loads(_run([source, "-I", "-S", "-c", probe], f"`{source}` (the agent runtime's source)", 60))
-    if out["version"] != VERSION:
-        raise AgentError("install", f"{source} is Python {out['version']}; the agent runtime needs {VERSION}")
+    argv = [*start, source, "-I", "-S", "-c", probe]
+    out = json.loads(_run(argv, f"`{source}` (the agent runtime's source)", 60))
+    if out["version"] != version:
+        raise AgentError("install", f"{source} is Python {out['version']}; the agent runtime needs {version}")
     return out
 
 
-def _copy_stdlib(src: Path, dst: Path) -> None:
+def _drop(version: str) -> frozenset[str]:
+    return (
+        DROP
+        if version == VERSION
+        else (DROP - {f"config-{VERSION}-x86_64-linux-gnu"}) | {f"config-{version}-x86_64-linux-gnu"}
+    )
+
+
+def _copy_stdlib(src: Path, dst: Path, drop: frozenset[str] = DROP) -> None:
     for root, dirs, names in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d not in DROP)
+        dirs[:] = sorted(d for d in dirs if d not in drop)
         rel = Path(root).relative_to(src)
         (dst / rel).mkdir(parents=True, exist_ok=True)
         for name in names:
-            if name not in DROP and not name.endswith((".pyc", ".exe")) and not name.startswith("_tkinter"):
+            if name not in drop and not name.endswith((".pyc", ".exe")) and not name.startswith("_tkinter"):
                 shutil.copyfile(Path(root) / name, dst / rel / name)
 
 
-def _libraries(objects: list[Path]) -> set[Path]:
-    """Every shared library (and the loader) the ELF ``objects`` load, as ldd resolves them here."""
+def _libraries(objects: list[Path], lister: tuple[str, ...] = ()) -> set[Path]:
+    """Every shared library (and the loader) the ELF ``objects`` load, as ldd resolves them here, or as the loader
+    command ``lister`` (`<ld.so> --library-path <dirs> --list`, one object a call) resolves them."""
     found: set[Path] = set()
-    for start in range(0, len(objects), 64):
-        r = subprocess.run(["ldd", *map(str, objects[start : start + 64])], capture_output=True, text=True)
+    batches = [[o] for o in objects] if lister else [objects[i : i + 64] for i in range(0, len(objects), 64)]
+    for batch in batches:
+        argv = [*lister, *map(str, batch)] if lister else ["ldd", *map(str, batch)]
+        r = subprocess.run(argv, capture_output=True, text=True)
         for line in r.stdout.splitlines():
             m = _LDD_LINE.match(line)
             if m:
@@ -111,13 +137,15 @@ def _libraries(objects: list[Path]) -> set[Path]:
     return found
 
 
-def ship_libraries(runtime: Path, *trees: Path) -> int:
+def ship_libraries(runtime: Path, *trees: Path, version: str = VERSION, lister: tuple[str, ...] = ()) -> int:
     """Copy into ``runtime/lib`` every library the interpreter and the extension modules under ``trees`` load that
-    they do not carry themselves (manylinux wheels carry theirs in `<pkg>.libs/`); the number copied."""
-    objects = [runtime / BIN] + [p for t in (runtime, *trees) for p in sorted(t.rglob("*.so*")) if p.is_file()]
+    they do not carry themselves (manylinux wheels carry theirs in `<pkg>.libs/`); the number copied. ``lister``:
+    the loader command that resolves them (default: this host's ldd)."""
+    objects = [runtime / binary(version)]
+    objects += [p for t in (runtime, *trees) for p in sorted(t.rglob("*.so*")) if p.is_file()]
     lib, carried = runtime / "lib", {p.name for t in trees for p in t.rglob("*.so*")}
     n = 0
-    for path in sorted(_libraries(objects)):
+    for path in sorted(_libraries(objects, lister)):
         name = LOADER if LOADER in path.name else path.name
         if (lib / name).exists() or name in carried:
             continue
@@ -149,6 +177,31 @@ def build_runtime(dest: Path, log=print) -> Path:
     return runtime
 
 
+def build_debian_runtime(dest: Path, source: DebianPython, downloads: Path, log=print) -> Path:
+    """As `build_runtime`, from ``source``'s packages (fetched into ``downloads``, unpacked, never installed)."""
+    root = fetch_debian(source, downloads, log)
+    libdirs = source.library_path(root)
+    start = (str(root / source.loader), "--library-path", libdirs)
+    layout = _layout(str(root / "usr" / "bin" / f"python{source.version}"), source.version, start)
+    runtime = dest / RUNTIME
+    for old in (runtime, dest / SITE):
+        shutil.rmtree(old, ignore_errors=True)
+    (runtime / "bin").mkdir(parents=True)
+    log(f"agent runtime: Python {source.version} from Debian {source.suite} ({', '.join(source.versions(root))})")
+    bin_ = runtime / binary(source.version)
+    shutil.copyfile(root / "usr" / "bin" / f"python{source.version}", bin_)
+    bin_.chmod(0o755)
+    # its stdlib as its own interpreter reports it (the probe ran from the unpacked tree: paths under `root`)
+    _copy_stdlib(Path(layout["stdlib"]), runtime / "lib" / f"python{source.version}", _drop(source.version))
+    (dest / SITE).mkdir(parents=True)
+    v = source.version
+    (runtime / f"{binary(v)}._pth").write_text(
+        f"../lib/python{v}\n../lib/python{v}/lib-dynload\n../../{SITE}\nimport site\n"
+    )
+    ship_libraries(runtime, version=v, lister=debian_lister(runtime, source, downloads))
+    return runtime
+
+
 def fetch_pip(downloads: Path, log=print) -> Path:
     """The pinned pip wheel, fetched once with the host's pip (its index settings apply) and sha256-checked."""
     name, version, sha = PIP
@@ -173,22 +226,140 @@ def fetch_pip(downloads: Path, log=print) -> Path:
     return wheel
 
 
-def pip_install(dest: Path, pins: tuple[str, ...], downloads: Path, log=print) -> None:
+def pip_install(dest: Path, pins: tuple[str, ...], downloads: Path, log=print, version: str = VERSION) -> None:
     """The pinned packages (a full list: no resolution) into ``dest/site`` by the runtime's own pip."""
     wheel = fetch_pip(downloads, log)
-    argv = [*python_command(str(dest)).split(), f"{wheel}/pip", "install", "--target", str(dest / SITE)]
+    argv = [*python_command(str(dest), version).split(), f"{wheel}/pip", "install", "--target", str(dest / SITE)]
     argv += ["--no-deps", "--only-binary", ":all:", "--no-compile", "--disable-pip-version-check", "--no-input"]
     _run([*argv, "-q", *pins], f"`pip install --target {dest / SITE}` ({len(pins)} pinned packages)", 1800)
     shutil.rmtree(dest / SITE / "bin", ignore_errors=True)  # console scripts: their shebangs name this host's paths
 
 
-def compile_all(dest: Path) -> None:
-    """Every module as a hash-checked .pyc that is never rechecked (a read-only bundle starts without compiling)."""
-    argv = [*python_command(str(dest)).split(), "-m", "compileall", "-q", "-j0", "--invalidation-mode"]
-    _run([*argv, "unchecked-hash", str(dest / RUNTIME / "lib" / f"python{VERSION}"), str(dest / SITE)], "compileall")
+def compile_all(dest: Path, version: str = VERSION) -> None:
+    """Every module as a hash-checked .pyc that is never rechecked (a read-only bundle starts without compiling).
+    Its workers are processes started from `sys.executable`, the bare interpreter, which only the runtime's own
+    loader can start where its C library is newer than the host's (the Debian source): those compile in one."""
+    jobs = "-j0" if version == VERSION else "-j1"
+    argv = [*python_command(str(dest), version).split(), "-m", "compileall", "-q", jobs, "--invalidation-mode"]
+    _run([*argv, "unchecked-hash", str(dest / RUNTIME / "lib" / f"python{version}"), str(dest / SITE)], "compileall")
 
 
-def self_test(dest: Path, imports: str) -> str:
+def self_test(dest: Path, imports: str, version: str = VERSION) -> str:
     """Run the built runtime here: it starts, isolated, and imports ``imports``; its sys.path."""
     code = f"import sys, {imports}; print(sys.flags.isolated, sys.path)"
-    return _run([*python_command(str(dest)).split(), "-c", code], "the agent runtime's self-test", 120).strip()
+    argv = [*python_command(str(dest), version).split(), "-c", code]
+    return _run(argv, "the agent runtime's self-test", 120).strip()
+
+
+# -- the second source: Debian's CPython of another suite, from its packages ----------------------------------------
+DEBIAN_MIRROR_ENV = "SWE_GYM_DEBIAN_MIRROR"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"  # bookworm's debian-archive-keyring has trixie's keys
+
+
+@dataclass(frozen=True)
+class DebianPython:
+    """Debian's CPython ``version`` from ``suite``: the interpreter's packages and the libraries its extension
+    modules load (the C library and its loader among them). Only the packages' names are pinned: Debian keeps one
+    version of each in a suite (a security update replaces it), so the versions fetched are logged and kept beside
+    the unpacked tree (`versions`), and the suite's signed index is what vouches for them."""
+
+    version: str
+    suite: str
+    packages: tuple[str, ...]
+    loader: str = f"usr/lib/x86_64-linux-gnu/{LOADER}"
+    libdirs: tuple[str, ...] = ("usr/lib/x86_64-linux-gnu",)
+
+    def recipe(self) -> list[str]:
+        return [
+            f"runtime {FORMAT}",
+            f"debian {self.suite} python {self.version}",
+            *self.packages,
+            f"pip {PIP[1]} {PIP[2]}",
+            f"loader {LOADER}",
+        ]
+
+    def library_path(self, root: Path) -> str:
+        return ":".join(str(root / d) for d in self.libdirs)
+
+    def versions(self, root: Path) -> list[str]:
+        f = root / "DEBS"
+        return f.read_text().split() if f.is_file() else []
+
+
+TRIXIE_PYTHON = DebianPython(
+    "3.13",
+    "trixie",
+    tuple(
+        """python3.13-minimal libpython3.13-minimal libpython3.13-stdlib libc6 libgcc-s1 libssl3t64 libsqlite3-0
+        libffi8 libexpat1 zlib1g libbz2-1.0 liblzma5 libzstd1 libncursesw6 libtinfo6 libreadline8t64 libuuid1
+        libdb5.3t64 libstdc++6 media-types netbase""".split()
+    ),
+)
+
+
+def _apt(conf: Path, *args: str, cwd: Path | None = None) -> str:
+    env_argv = ["env", f"APT_CONFIG={conf}", "apt-get", "-q", *args]
+    return _run(env_argv, f"`apt-get {' '.join(args[:2])}` (Debian packages for the agent runtime)", 900, cwd)
+
+
+def fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
+    """``source``'s packages, fetched with a private apt configuration (this host's apt sources are untouched)
+    and unpacked into ``downloads/debian-<suite>/root``; that root."""
+    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+        raise AgentError(
+            "install",
+            f"Python {source.version} for the agent runtime comes from Debian packages: "
+            "this host has no apt-get / dpkg-deb",
+        )
+    if not Path(DEBIAN_KEYRING).is_file():
+        raise AgentError("install", f"{DEBIAN_KEYRING} is missing: apt-get install debian-archive-keyring")
+    base = downloads / f"debian-{source.suite}"
+    etc, state, cache, debs = base / "etc", base / "state", base / "cache", base / "debs"
+    for d in (
+        etc / "apt.conf.d",
+        etc / "preferences.d",
+        etc / "sources.list.d",
+        state / "lists" / "partial",
+        cache / "archives" / "partial",
+        debs,
+    ):
+        d.mkdir(parents=True, exist_ok=True)
+    (state / "status").touch()
+    mirror = os.environ.get(DEBIAN_MIRROR_ENV) or DEBIAN_MIRROR
+    (etc / "sources.list").write_text(f"deb [signed-by={DEBIAN_KEYRING}] {mirror} {source.suite} main\n")
+    conf = base / "apt.conf"
+    conf.write_text(
+        f'Dir::Etc "{etc}";\nDir::State "{state}";\nDir::State::status "{state / "status"}";\n'
+        f'Dir::Cache "{cache}";\nAPT::Architecture "amd64";\nAPT::Sandbox::User "root";\n'
+    )
+    log(f"fetching Debian {source.suite}'s Python {source.version} ({len(source.packages)} packages)")
+    _apt(conf, "update")
+    for old in debs.glob("*.deb"):
+        old.unlink()
+    _apt(conf, "download", *source.packages, cwd=debs)
+    root = base / "root"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    got = sorted(debs.glob("*.deb"))
+    for deb in got:
+        _run(["dpkg-deb", "-x", str(deb), str(root)], f"dpkg-deb -x {deb.name}")
+    for link in [p for p in root.rglob("*") if p.is_symlink()]:  # absolute links point into the unpacked tree
+        target = os.readlink(link)
+        if target.startswith("/"):
+            link.unlink()
+            link.symlink_to(os.path.relpath(root / target.lstrip("/"), link.parent))
+    (root / "DEBS").write_text("\n".join(d.name.removesuffix("_amd64.deb").removesuffix("_all.deb") for d in got))
+    if not (root / source.loader).is_file() or not (root / "usr" / "bin" / f"python{source.version}").is_file():
+        raise AgentError(
+            "install", f"Debian {source.suite}'s packages hold no {source.loader} / python{source.version}"
+        )
+    return root
+
+
+def debian_lister(runtime: Path, source: DebianPython, downloads: Path) -> tuple[str, ...]:
+    """The loader command that lists what an object loads: the runtime's own loader (that suite's), searching the
+    runtime's lib/ and then the unpacked packages' library directories."""
+    root = downloads / f"debian-{source.suite}" / "root"
+    loader = runtime / "lib" / LOADER if (runtime / "lib" / LOADER).is_file() else root / source.loader
+    return (str(loader), "--library-path", f"{runtime / 'lib'}:{source.library_path(root)}", "--list")

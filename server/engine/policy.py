@@ -299,6 +299,7 @@ SHELL_TOOLS = (
     ("shell_command", "command"),
     ("Bash", "command"),
     ("run_shell_command", "command"),
+    ("terminal", "command"),  # OpenHands' terminal tool
 )
 
 

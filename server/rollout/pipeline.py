@@ -64,6 +64,11 @@ class Pipeline:
             harness = get_harness(req.harness)
         except AgentError as e:
             raise RolloutFailure("install", str(e)) from e
+        if harness.needs_pty and not backend_class(req.sandbox).has_ptys:  # else it crashes at its first command
+            raise RolloutFailure(
+                "validate",
+                f"{req.harness} needs a pty; the {req.sandbox} sandbox has none: use local or docker",
+            )
         harness_missing = not provision.installed(harness)
         if harness_missing and (why := provision.install_refusal(self.config.install_on_use, harness)) is not None:
             raise RolloutFailure("validate", provision.not_installed(harness, why))

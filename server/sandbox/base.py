@@ -162,6 +162,7 @@ class SandboxBase(BundleBoot):
     uses_image: ClassVar[bool] = False  # runs spec.image (the task's image, which may hold the repo)
     needs_image: ClassVar[bool] = False  # needs spec.image: no default image of its own
     capture_via_url: ClassVar[bool] = False  # reaches /capture at the server's public URL (else its unix socket)
+    has_ptys: ClassVar[bool] = True  # a command can make a new pty (/dev/ptmx and its peer): agents' terminals need one
 
     capture_base_url: str | None = None
     relay_prefix: str = ""  # shell that starts the in-sandbox relay to /capture (backends with a socket)

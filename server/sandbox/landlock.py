@@ -31,7 +31,8 @@ NOT isolated, compared with `local` (bubblewrap namespaces):
 - processes: no pid namespace: /proc lists every host process (pids, command lines, status), though none outside
   the sandbox can be signalled, traced or have its environ / fds / memory / cwd read;
 - files: Landlock checks opens, not lookups: stat(), access(), readlink() of any host path work (metadata and
-  existence leak, never content); the system dirs are the host's own, not a minimal tree; no /dev/shm, no ptys;
+  existence leak, never content); the system dirs are the host's own, not a minimal tree; no /dev/shm, no ptys
+  (`has_ptys`: a harness whose terminal needs one, OpenHands, is refused at validate);
 - network: the host's network stack is shared (/proc/net shows the host's sockets); nothing inside can listen, so a
   task whose tests start a local server fails here while it passes under `local`;
 - resources: without writable cgroups (the Space image) there is no memory (RSS), pid or CPU-share cap, only
@@ -196,6 +197,11 @@ class LandlockSandbox(LocalSandbox):
 
     reap_orphans = staticmethod(_reap_orphans)
     preflight = staticmethod(preflight)
+    # No ptys, and none can be granted safely: /dev/ptmx alone gives a master whose peer (TIOCGPTPEER, what glibc's
+    # openpty uses) Landlock refuses to open (EACCES: the peer is /dev/pts/N); granting /dev/pts as well lets the
+    # sandbox open every terminal of the host's devpts instance that its uid owns (an operator's shell among them,
+    # measured); a private devpts instance needs mount(2) in a mount namespace, which this backend has not.
+    has_ptys = False
 
     @property
     def agent_workdir(self) -> str:
