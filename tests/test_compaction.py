@@ -102,7 +102,10 @@ def agent_roots(result) -> list[int]:
     return [t.index for t in result.turns if t.parent is None and t.role == "agent"]
 
 
-def assert_compacted_and_resolved(result) -> None:
+def assert_compacted_and_resolved(result, context: int, refused: bool) -> None:
+    """``refused``: the engine refused the prompt that outgrew its context (vLLM refuses only a prompt longer than
+    the context: a prompt that fits gets its output cut to the room left), and the agent compacted on that refusal
+    (Pi); else the agent compacted from the engine's usage before its next prompt could outgrow it (OpenCode)."""
     assert result.ok, result.error
     # the graph: the agent's conversation restarts from its summary (a new root in the agent's family); the summary
     # call itself is a conversation of its own (another system prompt: aux)
@@ -117,7 +120,10 @@ def assert_compacted_and_resolved(result) -> None:
     for row in rows:
         assert sum(row.loss_mask) == sum(len(by_index[i].completion_token_ids) for i in row.turn_indices)
     assert result.cross_check == "match", result.cross_check_detail
-    assert any(f.code == "context_limit" for f in result.findings)  # the engine's refusal that made it compact
+    assert any(f.code == "context_limit" for f in result.findings) == refused  # the engine's refusal, if any
+    before = [t for t in result.turns if t.role == "agent" and t.index < summary[0].index]
+    last, growth = before[-1], before[-1].prompt_len - before[-2].prompt_len
+    assert last.prompt_len + len(last.completion_token_ids) + growth > context, "compacted before the limit"
     assert result.reward == 1.0 and result.grading.resolution == "RESOLVED_FULL"
 
 
@@ -126,7 +132,8 @@ def assert_compacted_and_resolved(result) -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_pi_with_compaction_on_compacts_at_the_engines_context_limit_and_resolves(stacks):
-    assert_compacted_and_resolved(await rollout_at(stacks(6144), "pi", harness_options={"compaction": "on"}))
+    result = await rollout_at(stacks(6144), "pi", harness_options={"compaction": "on"})
+    assert_compacted_and_resolved(result, 6144, refused=True)
 
 
 @pytest.mark.usefixtures("need_pi")
@@ -144,4 +151,4 @@ async def test_pi_with_compaction_off_fails_at_the_engines_context_limit(stacks)
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_opencode_compacts_at_the_engines_context_limit_and_resolves(stacks):
-    assert_compacted_and_resolved(await rollout_at(stacks(12288), "opencode"))
+    assert_compacted_and_resolved(await rollout_at(stacks(12288), "opencode"), 12288, refused=False)

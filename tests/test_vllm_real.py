@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +43,7 @@ from vllm_shapes import (
 from swe_gym_env.server.assets import TEMPLATE_PATH, tokenizer_dir, tokenizer_file
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import OraclePolicy
+from swe_gym_env.server.rollout.agent_run import CONTEXT_LIMIT
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import MODEL, PI_TOOLS, engine_client, full_turns, sse_events
@@ -742,3 +744,72 @@ async def test_collected_from_vllms_stream_records_what_its_whole_reply_recorded
     assert [len(t.response_message["tool_calls"]) for t in forced] == [1, 1, 2, 0]
     assert forced[1].response_message["content"] == "Let me look first.\n"
     assert {t.finish_reason for t in collected} == {"length", "stop", "tool_calls"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# e) the context limit, where compaction starts: the built-in engine's compaction tests (tests/test_compaction.py)
+# stand on it answering as vLLM does, and the agents recognise vLLM's own refusal
+
+
+def _pi_overflow_patterns() -> list[re.Pattern]:
+    """Pi's own overflow detection (pi-ai's utils/overflow.js in the installed bundle): what makes Pi compact."""
+    from swe_gym_env.server.agents.bundle import find_bundle
+    from swe_gym_env.server.agents.pi import PiHarness
+
+    bundle = find_bundle(PiHarness())
+    require(bundle is not None, "Pi's bundle: run `swe-gym-env setup`")
+    assert bundle is not None
+    (js,) = bundle.path.glob("**/@mariozechner/pi-ai/dist/utils/overflow.js")
+    source = js.read_text()
+    listed = source[source.index("OVERFLOW_PATTERNS = [") : source.index("];", source.index("OVERFLOW_PATTERNS = ["))]
+    return [re.compile(p, re.I) for p in re.findall(r"^\s*/(.+)/i,", listed, re.M)]
+
+
+async def _messages_of(client: httpx.AsyncClient, tokens: int) -> list[dict]:
+    """A conversation whose prompt is exactly ``tokens`` tokens (measured with /tokenize, the same ids as vLLM's):
+    " 7" is two tokens in SmolLM2's vocabulary and a trailing "!" one, so two measurements find it."""
+
+    async def size(k: int, tail: str = "") -> tuple[list[dict], int]:
+        messages = [{"role": "user", "content": "count: " + " ".join(["7"] * k) + tail}]
+        r = await client.post("/tokenize", json={"model": MODEL, "messages": messages})
+        return messages, r.json()["count"]
+
+    _, n = await size(10)
+    k = 10 + (tokens - n) // 2
+    messages, n = await size(k)
+    if n == tokens - 1:
+        messages, n = await size(k, "!")
+    assert n == tokens, f"no prompt of exactly {tokens} tokens ({n})"
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("case", "prompt_over", "max_tokens"),
+    [
+        ("fits, output cut to the room left", -3, 1024),  # vLLM answers, and stops at the context
+        ("fills the context exactly", 0, 16),
+        ("prompt longer than the context", 40, 16),
+        ("output cap longer than the context", -3000, 9000),
+    ],
+)
+async def test_the_context_limit_is_vllms(vllm_url, case, prompt_over, max_tokens):
+    limit = 8192  # VLLM_ARGS --max-model-len, and the built-in engine's default
+    async with vllm_client(vllm_url) as v, engine_client("oracle") as eng:
+        messages = await _messages_of(eng, limit + prompt_over)
+        body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True}
+        real = await v.post("/v1/chat/completions", json=body)
+        ours = await eng.post("/v1/chat/completions", json=body)
+    assert real.status_code == ours.status_code, (case, real.text, ours.text)
+    if real.status_code == 200:
+        for who, r in (("real vLLM", real), ("built-in engine", ours)):
+            (choice,) = r.json()["choices"]
+            usage = r.json()["usage"]
+            assert choice["finish_reason"] == "length", (who, choice)
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == limit, (who, usage)
+        return
+    assert real.json() == ours.json(), case  # message (word for word), type, param, code
+    assert real.json()["error"]["type"] == "BadRequestError"
+    if prompt_over > 0:  # the refusal a growing conversation meets: Pi compacts on it, the pipeline names it
+        message = real.json()["error"]["message"]
+        assert any(p.search(message) for p in _pi_overflow_patterns()), message
+        assert CONTEXT_LIMIT.search(message), message

@@ -28,8 +28,8 @@ MAX_MODEL_LEN = 8192
 MAX_LOGPROBS = 20
 
 
-def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
 def _fake_logprob(position: int, token_id: int) -> float:
@@ -111,6 +111,35 @@ class Engine:
         self.delay_s = delay_s  # seconds to wait before each reply (to watch a rollout unfold: UI tests, demos)
         self.capture_level = "tokens"  # "logprobs" / "text": behave like engines that return less (certification)
 
+    def output_budget(self, body: dict, prompt_len: int) -> tuple[int, tuple[str, str] | None]:
+        """How many tokens a reply may have, or why vLLM (0.32) refuses the request, as (message, param): as vLLM, only
+        a prompt longer than the context, one that fills it, or an output cap larger than the whole context is
+        refused; a prompt that fits gets the cap it asked for cut to the room left (`get_max_tokens`), and stops
+        there with `finish_reason: length`. The messages are vLLM's, word for word (tests/test_vllm_real.py)."""
+        max_len = self.max_model_len
+        param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        requested = body.get(param)
+        if requested is not None and int(requested) > max_len:
+            why = f"{param}={int(requested)} cannot be greater than max_model_len={max_len}. Please request fewer "
+            why += "output tokens."
+            return 0, (f"{why} (parameter={param}, value={int(requested)})", param)
+        if prompt_len > max_len:  # vLLM tokenises at most one token past the context, then says "at least"
+            seen = max_len + 1
+            return 0, (
+                f"This model's maximum context length is {max_len} tokens. However, your prompt contains at least "
+                f"{seen} input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+                f"length of the input prompt. (parameter=input_tokens, value={seen})",
+                "input_tokens",
+            )
+        room = max_len - prompt_len
+        budget = room if requested is None else min(room, int(requested))
+        if budget < 1:  # the prompt fills the context exactly: vLLM's sampling params refuse max_tokens=0
+            return 0, (
+                f"max_tokens must be at least 1, got {budget}. (parameter=max_tokens, value={budget})",
+                "max_tokens",
+            )
+        return budget, None
+
     def logprob_entries(self, ids: list[int], lps: list[float], as_ids: bool, top: int) -> list[dict]:
         out = []
         for t, lp in zip(ids, lps, strict=True):
@@ -137,14 +166,9 @@ class Engine:
         if top > MAX_LOGPROBS:
             return _error(400, f"top_logprobs must be <= {MAX_LOGPROBS}")
         prompt_ids = self.renderer.prompt_ids(body["messages"], tools)
-        max_len = self.max_model_len
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (max_len - len(prompt_ids))
-        if len(prompt_ids) + int(max_tokens) > max_len:
-            return _error(
-                400,
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{int(max_tokens)} output tokens and your prompt contains {len(prompt_ids)} input tokens.",
-            )
+        max_tokens, refused = self.output_budget(body, len(prompt_ids))
+        if refused is not None:
+            return _error(400, refused[0], param=refused[1])
         if self.delay_s > 0:
             await asyncio.sleep(self.delay_s)
         reply = self.policy.reply(body["messages"], tools)
