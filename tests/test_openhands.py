@@ -1,14 +1,16 @@
 """OpenHands (its SDK's agent) end to end, on its bundle's own Python 3.13 (Debian trixie's, with trixie's loader and
 C library: server/agents/pyruntime.py): the runtime in an image with no C library at all, `demo --harness openhands`
-on `local`, a rollout on `docker` in a pypi stand-in image, and — from inside the sandbox — that the agent's Python
-opened no socket but the capture proxy's and resolved no name (litellm's cost map, Laminar: all off). The engine
-faults every harness must come out of the same way (tests/test_faults.py's bed, with an engine long enough for its
-prompt), and its context floor.
+on `local` and `landlock`, a rollout on `docker` in a pypi stand-in image, and — from inside the sandbox — that the
+agent's Python opened no socket but the capture proxy's and resolved no name (litellm's cost map, Laminar: all off).
+The engine faults every harness must come out of the same way (tests/test_faults.py's bed, with an engine long enough
+for its prompt), and its context floor.
 
-Not on `landlock`: its terminal tool runs `bash -i` on a pty (its `subprocess` backend; the `tmux` one needs a pty
-too), and that sandbox has none and can be given none safely (`LandlockSandbox.has_ptys`; the evidence is
-`test_the_landlock_sandbox_can_make_no_pty_and_reach_no_host_terminal`): a rollout there is refused at validate
-(before, it ended at its first command: `agent_crashed: OSError: out of pty devices`)."""
+On `landlock`: its terminal tool runs `bash -i` on a pty (its `subprocess` backend), and no pty can be made inside
+that sandbox nor any grant made safely (`LandlockSandbox.has_ptys`; the evidence is
+`test_the_landlock_sandbox_can_make_no_pty_and_reach_no_host_terminal`). So its agent command is handed pty pairs the
+launcher opened before applying Landlock (`gives_ptys`, `agent_run.PTYS`), which its launcher's `os.openpty` /
+`pty.openpty` hand out in turn (before them, it ended at its first command: `agent_crashed: OSError: out of pty
+devices`); what the sandbox can and cannot do with them: tests/test_landlock_ptys.py."""
 
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def test_the_runtime_runs_isolated_in_an_image_with_no_c_library(bundle, tmp_pat
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("sandbox", ["local"])
+@pytest.mark.parametrize("sandbox", ["local", "landlock"])
 def test_demo_solves_the_task_and_matches_its_event_stream(bundle, sandbox, need_sandbox, need_tokenizer):
     argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--sandbox", sandbox, "--harness", "openhands"]
     run = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
@@ -273,9 +275,10 @@ def test_its_iteration_limit_is_an_ending_and_an_exception_before_any_call_is_un
     assert out.error_kind == "agent_crashed" and out.model_calls == 1
 
 
-# -- landlock: no pty, none grantable safely ------------------------------------------------------------------------
-def test_it_needs_a_pty_which_landlock_has_not_and_the_others_have():
-    assert OpenHandsHarness.needs_pty and not backend_class("landlock").has_ptys
+# -- landlock: no pty made inside, none grantable safely; pairs opened before its confinement instead ---------------
+def test_it_needs_a_pty_which_landlock_gives_and_the_others_have():
+    assert OpenHandsHarness.needs_pty and backend_class("landlock").gives_ptys
+    assert not backend_class("landlock").has_ptys  # none made inside: pairs opened before its confinement instead
     assert backend_class("local").has_ptys and backend_class("docker").has_ptys
     from swe_gym_env.server.agents.registry import harness_class
 
@@ -302,9 +305,10 @@ print(json.dumps({
 
 @pytest.mark.integration
 def test_the_landlock_sandbox_can_make_no_pty_and_reach_no_host_terminal(tmp_path):
-    """Its ruleset as it is (`landlock.DEVICES`): no pty, and none of the host's. Then why none can be granted:
-    /dev/ptmx alone gives a master whose peer (TIOCGPTPEER, what glibc's openpty uses) Landlock still refuses (the
-    peer is /dev/pts/N); /dev/ptmx with /dev/pts makes openpty work but opens the host's own terminals too."""
+    """Its ruleset as it is (`landlock.DEVICES`): no pty, and none of the host's. Then why none can be granted, and
+    pairs are opened for the agent before its confinement instead (tests/test_landlock_ptys.py): /dev/ptmx alone
+    gives a master whose peer (TIOCGPTPEER, what glibc's openpty uses) Landlock still refuses (the peer is
+    /dev/pts/N); /dev/ptmx with /dev/pts makes openpty work but opens the host's own terminals too."""
     from swe_gym_env.server.sandbox import confine, landlock
 
     require(confine.landlock_abi() >= confine.FULL_ABI, "the kernel's Landlock ABI is below 6")
@@ -386,14 +390,19 @@ def bed(bundle, tmp_path_factory):
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_fault_control_and_landlock_refused_at_validate(bed):
+async def test_fault_control_and_on_landlock(bed):
+    """The control rollout, on `local` and on `landlock` (its terminal on a pty pair opened before the confinement)."""
+    from swe_gym_env.server.sandbox.landlock import preflight
+
     result = await bed.rollout("ok", harness="openhands")
     assert result.ok and result.reward == 1.0 and result.cross_check == "match", (result.error, result.agent_log_tail)
-    from test_faults import failed
-
+    ok, why = preflight()
+    require(ok, f"landlock backend unavailable here: {why}")
     result = await bed.rollout("ok", harness="openhands", sandbox="landlock")
-    failed(result, "validate", "openhands needs a pty; the landlock sandbox has none: use local or docker")
-    assert result.turns == []
+    assert result.ok, (result.phase, result.error, result.agent_log_tail[-2000:])
+    assert result.sandbox == "landlock" and result.reward == 1.0 and result.grading is not None
+    assert result.cross_check == "match", result.cross_check_detail
+    assert result.turns and not any(t.discarded for t in result.turns)
 
 
 @pytest.mark.integration

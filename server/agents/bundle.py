@@ -254,7 +254,7 @@ class BundledHarness:
     version: ClassVar[str]
     bundle_inputs: ClassVar[tuple[str, ...]] = ()
     installer: ClassVar[str] = "npm install"
-    needs_pty: ClassVar[bool] = False  # its terminal tool runs a shell on a pty: only sandboxes with `has_ptys`
+    needs_pty: ClassVar[bool] = False  # its terminal runs a shell on a pty: sandboxes with `has_ptys` / `gives_ptys`
     python_runtime: ClassVar[str | None] = None  # a Python agent's runtime: "host" or "debian" (Harness)
 
     def install_dir(self) -> Path:

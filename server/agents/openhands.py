@@ -110,6 +110,17 @@ conf_path, events_path, state_dir = sys.argv[1:4]
 with open(conf_path) as f:
     conf = json.load(f)
 key = os.environ.pop("OPENAI_API_KEY", "")  # the agent's terminal inherits this environment: never the key
+# a sandbox that cannot make ptys (landlock) hands this command pairs it opened beforehand: its terminal takes them in
+# turn, then real ones; the variable never reaches the terminal, the unused pairs never reach a child (non-inheritable)
+_ptys = [tuple(int(fd) for fd in pair.split(":")) for pair in os.environ.pop("SWE_GYM_PTYS", "").split(",") if pair]
+if _ptys:
+    import pty
+    for _fd in (fd for pair in _ptys for fd in pair):
+        os.set_inheritable(_fd, False)
+    _openpty = os.openpty
+    def _given_pty():
+        return _ptys.pop(0) if _ptys else _openpty()
+    os.openpty = pty.openpty = _given_pty
 out = open(events_path, "a", buffering=1)
 def write(obj):
     out.write(json.dumps(obj) + "\\n")
@@ -168,7 +179,7 @@ class OpenHandsHarness(PythonAgent):
     min_context_tokens: ClassVar[int] = 16384
     package: ClassVar[str] = "openhands-sdk"  # from PyPI, by the bundle's own pip
     python_runtime: ClassVar[str | None] = "debian"
-    needs_pty: ClassVar[bool] = True  # its terminal: `bash -i` on a pty (the subprocess backend; tmux needs one too)
+    needs_pty: ClassVar[bool] = True  # its terminal: `bash -i` on a pty (subprocess backend); landlock: given pairs
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = ()
     bundle_inputs: ClassVar[tuple[str, ...]] = (*RUNTIME.recipe(), *PINS)
     bundle_probe: ClassVar[str] = f"{pyruntime.python_command('.', PY)} -c 'import ssl, pydantic_core, litellm'"

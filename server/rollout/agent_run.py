@@ -25,6 +25,9 @@ from swe_gym_env.wire import Finding, RolloutRequest
 POLL_S = 0.1  # how often the agent phase looks at the session (the events file: every POLL_EVENTS_S)
 POLL_EVENTS_S = 1.0
 BUDGET_GRACE_S = 15.0  # an agent still calling this long after its budget ran out is stopped
+# pty pairs the agent command of a harness that `needs_pty` is handed where the sandbox cannot make its own
+# (`gives_ptys`: landlock): one terminal per conversation, another each time the agent resets it
+PTYS = 4
 
 
 async def _stop(run: asyncio.Task, why: str) -> tuple[ExecResult, bool]:
@@ -53,7 +56,8 @@ async def run_agent(
     """Run the agent (inside the task's environment) and watch it. Returns (result, stopped by us)."""
     t0 = time.monotonic()
     command = in_task_env(harness.command(cfg), activation)
-    run = asyncio.create_task(sbx.exec(command, timeout=timeout, relay=True))
+    ptys = PTYS if harness.needs_pty else 0
+    run = asyncio.create_task(sbx.exec(command, timeout=timeout, relay=True, ptys=ptys))
     steps, next_read, budget_at = 0, t0 + POLL_EVENTS_S, None
     try:
         while not run.done():

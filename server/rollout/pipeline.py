@@ -64,10 +64,11 @@ class Pipeline:
             harness = get_harness(req.harness)
         except AgentError as e:
             raise RolloutFailure("install", str(e)) from e
-        if harness.needs_pty and not backend_class(req.sandbox).has_ptys:  # else it crashes at its first command
+        backend = backend_class(req.sandbox)  # a pty it makes inside, or pairs opened for it (`agent_run.PTYS`)
+        if harness.needs_pty and not (backend.has_ptys or backend.gives_ptys):  # else it crashes at its first command
             raise RolloutFailure(
                 "validate",
-                f"{req.harness} needs a pty; the {req.sandbox} sandbox has none: use local or docker",
+                f"{req.harness} needs a pty; the {req.sandbox} sandbox can neither make one nor be given one",
             )
         harness_missing = not provision.installed(harness)
         if harness_missing and (why := provision.install_refusal(self.config.install_on_use, harness)) is not None:

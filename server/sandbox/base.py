@@ -131,10 +131,17 @@ class Sandbox(Protocol):
         relay: bool = False,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        ptys: int = 0,
     ) -> ExecResult: ...
 
     async def start(
-        self, cmd: str | list[str], *, relay: bool = False, env: dict[str, str] | None = None, cwd: str | None = None
+        self,
+        cmd: str | list[str],
+        *,
+        relay: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        ptys: int = 0,
     ) -> Process: ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
@@ -163,6 +170,8 @@ class SandboxBase(BundleBoot):
     needs_image: ClassVar[bool] = False  # needs spec.image: no default image of its own
     capture_via_url: ClassVar[bool] = False  # reaches /capture at the server's public URL (else its unix socket)
     has_ptys: ClassVar[bool] = True  # a command can make a new pty (/dev/ptmx and its peer): agents' terminals need one
+    # else: a command that asks (`ptys=N`) is handed N pty pairs opened for it outside its confinement (`_spawn_ptys`)
+    gives_ptys: ClassVar[bool] = False
 
     capture_base_url: str | None = None
     relay_prefix: str = ""  # shell that starts the in-sandbox relay to /capture (backends with a socket)
@@ -199,6 +208,11 @@ class SandboxBase(BundleBoot):
     async def _spawn(self, script: str, stdin: bytes | None) -> Process:
         raise NotImplementedError
 
+    async def _spawn_ptys(self, script: str, stdin: bytes | None, ptys: int) -> Process:
+        """`_spawn`, the command handed `ptys` pty pairs opened before its confinement (their descriptors named in
+        $SWE_GYM_PTYS, "master:slave,..."): backends that `gives_ptys` implement it. Called only with ptys > 0."""
+        raise NotImplementedError
+
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         raise NotImplementedError
 
@@ -233,12 +247,28 @@ class SandboxBase(BundleBoot):
     def secrets_file(self) -> bytes:
         return "".join(f"{k}={shlex.quote(v)}\n" for k, v in self.spec.secrets.items()).encode()
 
+    def _spawner(self, ptys: int):
+        """How to start a command that asks for `ptys` pty pairs: a backend that can make ptys inside (`has_ptys`)
+        ignores the number (the command opens its own); one that `gives_ptys` opens them for it."""
+        if not isinstance(ptys, int) or ptys < 0:
+            raise SandboxError(f"ptys must be a non-negative int, not {ptys!r}")
+        if ptys and self.gives_ptys:
+            return lambda script, stdin: self._spawn_ptys(script, stdin, ptys)
+        return self._spawn
+
     async def start(
-        self, cmd: str | list[str], *, relay: bool = False, env: dict[str, str] | None = None, cwd: str | None = None
+        self,
+        cmd: str | list[str],
+        *,
+        relay: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        ptys: int = 0,
     ) -> Process:
         if self.remaining() <= 0:
             raise SandboxError("sandbox deadline passed")
-        proc = await self._spawn(self.script(cmd, relay, env, cwd), None)
+        spawn = self._spawner(ptys)
+        proc = await spawn(self.script(cmd, relay, env, cwd), None)
         self._live.add(proc)
         return proc
 
@@ -251,12 +281,14 @@ class SandboxBase(BundleBoot):
         relay: bool = False,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        ptys: int = 0,
     ) -> ExecResult:
+        spawn = self._spawner(ptys)
         script = self.script(cmd, relay, env, cwd)
         timeout = min(timeout, self.remaining())
         if timeout <= 0:
             return ExecResult(124, "", "sandbox deadline passed", timed_out=True)
-        proc = await self._spawn(script, stdin)
+        proc = await spawn(script, stdin)
         self._live.add(proc)
         try:
             return await proc.wait(timeout)

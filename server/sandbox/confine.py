@@ -15,7 +15,16 @@ it SIGKILLs every live descendant it can find in /proc, round after round until 
 CONFIG_JSON keys: ro / rw / dev (paths: read-only+exec / read-write / read-write device files), ports (TCP ports on
 127.0.0.1 the sandbox may connect to), deadline (epoch seconds), rlimits ({"cpu", "as", "nofile", "fsize"}),
 parent (the pid whose death ends everything), partial (run even when the kernel's Landlock ABI lacks scoping),
-probe (print a JSON report of what the kernel gives, then run ARGV confined).
+probe (print a JSON report of what the kernel gives, then run ARGV confined), ptys (a number of pty pairs to hand
+the command, see below).
+
+Ptys: the domain cannot make one (/dev/ptmx's peer is /dev/pts/N, which Landlock refuses, and granting /dev/pts would
+open the host's own terminals). With `ptys: N` the child opens N pairs itself (openpty: /dev/ptmx, unlockpt, the peer
+with O_NOCTTY) before it applies Landlock, and hands them to ARGV as inherited descriptors named in PTYS_ENV
+("master:slave,..."); the ruleset is the same as without them, and the launcher itself never holds them (they
+close when the command's processes are gone). Without `ptys` the variable is removed and no pty is inherited.
+The seccomp filter refuses TIOCSETD (changing a tty's line discipline: the kernel's n_gsm / n_hdlc / ... code, a
+known attack surface, that a terminal never needs).
 
 Network: Landlock filters TCP by port only, not by address (a host anywhere on an allowed port would pass). So
 `connect()` is not left to Landlock: the seccomp filter hands every connect() to the launcher (a seccomp user
@@ -76,13 +85,16 @@ NOTIF_SIZE = 80
 ADDFD_FLAG_SETFD = 1
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+TIOCSETD = 0x5423  # the same number on x86_64 and aarch64
+PTYS_ENV = "SWE_GYM_PTYS"
+MAX_PTYS = 16
 AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM, IPPROTO_TCP = 1, 2, 10, 1, 6
 MSG_FASTOPEN = 0x20000000
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
 
 SYSCALLS = {  # per architecture: what the filter names (seccomp is per syscall number)
     "x86_64": dict(
-        audit_arch=0xC000003E, seccomp=317, socket=41, connect=42, sendto=44, sendmsg=46, bind=49, listen=50,
+        audit_arch=0xC000003E, seccomp=317, ioctl=16, socket=41, connect=42, sendto=44, sendmsg=46, bind=49, listen=50,
         socketpair=53, clone=56, sendmmsg=307, clone3=435, io_uring=(425, 426, 427), x32=True,
         eperm=(272, 308, 321, 298, 323, 246, 320, 175, 313, 176, 250, 248, 249, 165, 166, 155, 161, 304, 428, 429,
                430, 431, 432, 442, 29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 242, 243, 244, 245),
@@ -91,7 +103,7 @@ SYSCALLS = {  # per architecture: what the filter names (seccomp is per syscall 
     # SysV IPC (shm*, sem*, msg*) and POSIX message queues (mq_*): channels between processes of one uid
     "aarch64": dict(
         audit_arch=0xC00000B7, seccomp=277, socket=198, connect=203, sendto=206, sendmsg=211, bind=200, listen=201,
-        socketpair=199, clone=220, sendmmsg=269, clone3=435, io_uring=(425, 426, 427), x32=False,
+        socketpair=199, ioctl=29, clone=220, sendmmsg=269, clone3=435, io_uring=(425, 426, 427), x32=False,
         eperm=(97, 268, 280, 241, 282, 104, 294, 105, 273, 106, 219, 217, 218, 40, 39, 41, 51, 265, 428, 429, 430,
                431, 432, 442, 186, 187, 188, 189, 190, 191, 192, 193, 194, 195, 196, 197, 180, 181, 182, 183, 184,
                185),
@@ -255,6 +267,7 @@ def build_filter(arch: dict, notify_connect: bool) -> bytes:
     for nr in arch["eperm"]:
         p.jump(JEQ, nr, "eperm")
     p.jump(JEQ, arch["clone"], "clone")
+    p.jump(JEQ, arch["ioctl"], "ioctl")
     p.jump(JEQ, arch["socket"], "socket")
     p.jump(JEQ, arch["socketpair"], "socketpair")
     p.jump(JEQ, arch["connect"], "connect")
@@ -268,6 +281,9 @@ def build_filter(arch: dict, notify_connect: bool) -> bytes:
     p.ld(off_arg(0))
     p.jump(JSET, CLONE_NEW, "eperm")
     p.ret(RET_ALLOW)
+    p.label("ioctl")
+    p.ld(off_arg(1))
+    p.jump(JEQ, TIOCSETD, "eperm", "allow")
     p.label("socket")
     p.ld(off_arg(0))
     p.jump(JEQ, AF_INET, "inet")
@@ -379,6 +395,20 @@ def self_test(cfg: dict) -> dict[str, str]:
     }
 
 
+def open_ptys(n: int) -> str:
+    """`n` pty pairs, opened here (outside the Landlock domain about to be applied) and left open across exec:
+    "master:slave,..." for PTYS_ENV. Each slave is opened O_NOCTTY (openpty), so none is this process's terminal."""
+    if not 0 <= n <= MAX_PTYS:
+        raise ConfineError(f"ptys: {n} is not in 0..{MAX_PTYS}")
+    pairs = []
+    for _ in range(n):
+        master, slave = os.openpty()
+        os.set_inheritable(master, True)
+        os.set_inheritable(slave, True)
+        pairs.append(f"{master}:{slave}")
+    return ",".join(pairs)
+
+
 def child(cfg: dict, abi: int, arch: dict, argv: list[str], chan: socket.socket | None) -> None:
     """Runs in the forked child: never returns."""
     try:
@@ -386,6 +416,9 @@ def child(cfg: dict, abi: int, arch: dict, argv: list[str], chan: socket.socket 
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE/SIGXFSZ; exec keeps ignored signals ignored
         path = _which(argv[0])  # before confining: searching PATH imports modules the sandbox cannot read
+        os.environ.pop(PTYS_ENV, None)  # only ever what this launcher opened
+        if ptys := open_ptys(int(cfg.get("ptys") or 0)):  # before Landlock: the domain could not open them
+            os.environ[PTYS_ENV] = ptys
         listener = confine_self(cfg, abi, arch)
         if chan is not None:
             if listener is not None:

@@ -31,8 +31,10 @@ NOT isolated, compared with `local` (bubblewrap namespaces):
 - processes: no pid namespace: /proc lists every host process (pids, command lines, status), though none outside
   the sandbox can be signalled, traced or have its environ / fds / memory / cwd read;
 - files: Landlock checks opens, not lookups: stat(), access(), readlink() of any host path work (metadata and
-  existence leak, never content); the system dirs are the host's own, not a minimal tree; no /dev/shm, no ptys
-  (`has_ptys`: a harness whose terminal needs one, OpenHands, is refused at validate);
+  existence leak, never content); the system dirs are the host's own, not a minimal tree; no /dev/shm; no pty
+  can be made inside (`has_ptys` False): a command that asks (`ptys=N`, the pipeline's agent command when its
+  harness `needs_pty`: OpenHands) is handed N pairs the launcher opened before applying Landlock (`gives_ptys`;
+  confine.py), the ruleset unchanged: /dev/ptmx, /dev/pts and /dev/tty stay closed to it;
 - network: the host's network stack is shared (/proc/net shows the host's sockets); nothing inside can listen, so a
   task whose tests start a local server fails here while it passes under `local`;
 - resources: without writable cgroups (the Space image) there is no memory (RSS), pid or CPU-share cap, only
@@ -40,7 +42,7 @@ NOT isolated, compared with `local` (bubblewrap namespaces):
 - identity: commands run as the server's uid (as root on a host: uid 0 without capabilities); the host's hostname,
   SysV IPC namespace (refused by seccomp) and time are shared;
 - kernel surface: the host kernel's syscalls minus a short seccomp deny list (io_uring, namespaces, mount, bpf,
-  perf, userfaultfd, keyrings, modules, SysV IPC / POSIX mqueues, non-TCP sockets);
+  perf, userfaultfd, keyrings, modules, SysV IPC / POSIX mqueues, non-TCP sockets, tty line disciplines);
 - paths: /testbed, /home/agent and /tmp are mapped only at the API (see above), so an agent that writes to an
   absolute /testbed path it was told about fails where `local` would succeed.
 
@@ -197,11 +199,13 @@ class LandlockSandbox(LocalSandbox):
 
     reap_orphans = staticmethod(_reap_orphans)
     preflight = staticmethod(preflight)
-    # No ptys, and none can be granted safely: /dev/ptmx alone gives a master whose peer (TIOCGPTPEER, what glibc's
-    # openpty uses) Landlock refuses to open (EACCES: the peer is /dev/pts/N); granting /dev/pts as well lets the
-    # sandbox open every terminal of the host's devpts instance that its uid owns (an operator's shell among them,
-    # measured); a private devpts instance needs mount(2) in a mount namespace, which this backend has not.
+    # No pty can be made inside, and no grant makes one safely: /dev/ptmx alone gives a master whose peer
+    # (TIOCGPTPEER, what glibc's openpty uses) Landlock refuses to open (EACCES: the peer is /dev/pts/N); granting
+    # /dev/pts as well lets the sandbox open every terminal of the host's devpts instance that its uid owns (an
+    # operator's shell among them, measured); a private devpts instance needs mount(2) in a mount namespace, which
+    # this backend has not. What it can do: hand a command pairs opened before its Landlock domain exists (`ptys=N`).
     has_ptys = False
+    gives_ptys = True
 
     @property
     def agent_workdir(self) -> str:
@@ -281,9 +285,10 @@ class LandlockSandbox(LocalSandbox):
         env = {"PATH": path, "HOME": self.home, "TMPDIR": self.tmpdir, **SANDBOX_ENV}
         return {**env, **{k: self.to_host(v) for k, v in self.spec.env.items()}}  # non-secret values only
 
-    def _config(self, relay: bool) -> dict:
+    def _config(self, relay: bool, ptys: int = 0) -> dict:
         limits = self.spec.limits
         return {
+            "ptys": ptys,
             "ro": self.ro,
             "rw": self.rw,
             "dev": DEVICES,
@@ -300,8 +305,11 @@ class LandlockSandbox(LocalSandbox):
         }
 
     async def _spawn(self, script: str, stdin: bytes | None) -> PipeProcess:
+        return await self._spawn_ptys(script, stdin, 0)
+
+    async def _spawn_ptys(self, script: str, stdin: bytes | None, ptys: int) -> PipeProcess:
         relay, self._relay_next = self._relay_next, False
-        argv = _confine_argv(self._config(relay), ["/bin/sh", "-c", script])
+        argv = _confine_argv(self._config(relay, ptys), ["/bin/sh", "-c", script])
         if self.cgroup is not None:
             argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self.cgroup.procs_files, "--", *argv]
         proc = await asyncio.create_subprocess_exec(
