@@ -79,10 +79,20 @@ class RolloutRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None
     deadline_s: float = Field(default=600.0, gt=0, le=4 * 3600, description="Whole-call deadline, boot to grading.")
-    result_form: Literal["compact", "full"] = Field(
-        default="compact",
-        description="compact: each turn carries only what the turn it continues lacks (the result grows with the "
-        "context); full: every turn also carries its whole prompt_token_ids and request (debugging).",
+    tests_visible: bool = Field(
+        default=False,
+        description="Put the task's test patch into the agent's workspace (committed before the agent starts, so it "
+        "is not part of the agent's diff): the agent can read and run the failing tests. Grading still resets the "
+        "test files and re-applies the test patch in a fresh sandbox; the canaries stay hidden.",
+    )
+    result_form: Literal["summary", "compact", "full"] | None = Field(
+        default=None,
+        description="summary: what a caller decides on (ok, reward, grading, findings, counts) and links to the whole "
+        "result, fetched in pages (MCP resources or GET /rollouts/{id}/result): bounded whatever the length; "
+        "compact: each turn carries only what the turn it continues lacks (the result grows with the context); "
+        "full: every turn also carries its whole prompt_token_ids and request (debugging). Default (None): summary "
+        "over MCP tools/call, compact over OpenEnv's websocket and JSON-RPC bridge. What is stored is the compact "
+        "form (full when asked for).",
     )
 
     @model_validator(mode="after")
@@ -319,6 +329,13 @@ class TestReport(BaseModel):
         "`patch_broke_run: <how>` (the run timed out, died or left no results where the empty patch's did not: "
         "reward 0.0). See the grading module's threat model.",
     )
+    canaries: str | None = Field(
+        None,
+        max_length=2000,
+        description="The mutation canaries' check (a second run with gold-killed mutants of the FAIL_TO_PASS tests in "
+        "place of the originals, when the verdict would be 1.0): `held: …`, `passed: …` (tampering, reward 0.0), "
+        "`none (why)`; null when not run (the verdict was not 1.0).",
+    )
 
 
 SCHEMA_VERSION = 2  # 2: compact turns (each carries what the turn it continues lacks); 1: whole prompt per turn
@@ -370,6 +387,11 @@ class RolloutResult(BaseModel):
         exactly: prompts and requests come back unchanged from `result_form.expand`."""
         if not isinstance(data, dict):
             return data
+        if data.get("result_form") == "summary":  # never a result without its turns that looks whole
+            raise ValueError(
+                "this is the summary of a rollout result (result_form 'summary'), not the result: read the whole "
+                "result from its resource pages (result_uri, page_uris) or GET /rollouts/{id}/result"
+            )
         turns = data.get("turns") or []
         if not any(isinstance(t, dict) and "prompt_new_ids" not in t and "prompt_token_ids" in t for t in turns):
             return data
@@ -444,13 +466,60 @@ class RolloutSummary(BaseModel):
         )
 
 
+class GradingSummary(BaseModel):
+    """A grading report without its test lists and log: the resolution, counts and the tests that failed."""
+
+    resolution: str
+    graded_by: str
+    parser: str
+    junit_cross_check: str | None = None
+    integrity: str = "clean"
+    fail_to_pass: dict[str, int] = Field(description="Tests per outcome (success, failure).")
+    pass_to_pass: dict[str, int] = Field(description="Tests per outcome (success, failure).")
+    failed_tests: list[str] = Field(default=[], description="FAIL_TO_PASS then PASS_TO_PASS failures (at most 50).")
+
+
+class ResultSummary(RolloutSummary):
+    """A finished rollout's result as MCP `tools/call` returns it by default (`result_form` summary): what a caller
+    decides on, the counts, and where the whole result is (MCP resources in pages, or HTTP). Bounded whatever the
+    rollout's length. It is not a result: `RolloutResult` refuses it (no turns that look like a whole rollout)."""
+
+    result_form: Literal["summary"] = "summary"
+    stop_reason: str | None = None
+    grading: GradingSummary | None = None
+    integrity: str | None = Field(default=None, description="grading.integrity, when grading ran.")
+    findings: list[Finding] = Field(default=[], description="The first findings (fatal and warnings first).")
+    findings_total: int = 0
+    cross_check: str | None = None
+    cross_check_detail: str = ""
+    capture_level: str | None = None
+    logprobs_mode: str | None = None
+    timings: dict[str, float] = {}
+    wall_s: float = 0.0
+    agent_exit_code: int | None = None
+    counts: dict[str, int] = Field(
+        default={},
+        description="calls, sequences, trainable_sequences, completion_tokens, last_prompt_tokens, "
+        "prompt_tokens_total, model_patch_bytes, result_bytes.",
+    )
+    result_bytes: int | None = Field(default=None, description="Bytes of the whole result's JSON as stored.")
+    sha256: str | None = Field(default=None, description="SHA-256 (hex) of the whole result's JSON as stored.")
+    pages: int = Field(default=0, description="Resource pages of the whole result (0: not stored).")
+    result_uri: str | None = Field(default=None, description="MCP resource: the result's first page, with the rest.")
+    page_uris: list[str] = Field(default=[], description="MCP resources: every page, in order.")
+    http_path: str | None = Field(default=None, description="GET it whole (gzip, Range) from the server.")
+    note: str | None = Field(default=None, description="Why a summary came back where another form was asked for.")
+
+
 class RolloutStatus(BaseModel):
-    """`get_rollout`: the live summary, plus the full result once finished."""
+    """`get_rollout`: the live summary, plus the result once finished (`result`, or `result_summary` in the summary
+    form: the default over MCP tools/call)."""
 
     rollout_id: str
     state: Literal["queued", "running", "finished"]
     summary: RolloutSummary
     result: RolloutResult | None = None
+    result_summary: ResultSummary | None = None
 
 
 class RolloutList(BaseModel):

@@ -39,10 +39,13 @@ PHASES = (
     "grade.parse",
     "grade.close",
     "grade.baseline",
+    "grade.canaries",
+    "grade.prepare",
     "grade",
     "result",
 )
-TOP = ("prepare", "boot", "agent", "after_agent", "diff", "close", "grade", "result")  # they tile the server's wall
+# they tile the server's wall (grade.prepare: a task's first grading here, outside the rollout's deadline)
+TOP = ("prepare", "boot", "agent", "after_agent", "diff", "close", "grade.prepare", "grade", "result")
 
 
 async def _batch(url: str, n: int, harness: str, first: int = 0) -> tuple[list, list[float], float]:

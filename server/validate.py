@@ -1,4 +1,6 @@
-"""`swe-gym-env validate`: every task's gold patch must score 1.0 and the empty patch 0.0."""
+"""`swe-gym-env validate`: every task's gold patch must score 1.0 and the empty patch 0.0. Validating a task also
+measures what grading keeps of it on disk (run time, empty-patch baseline, mutation canaries: `grading.store`); each
+line says the task's canaries (`canaries: N held` or `canaries: none (why)`) and the end the coverage of the split."""
 
 from __future__ import annotations
 
@@ -15,15 +17,15 @@ from swe_gym_env.tasks.models import Task
 
 
 async def check_task(task: Task, backend: str) -> tuple[str, str]:
-    """(verdict, detail): verdict is "ok" or "SURPRISE"."""
+    """(verdict, detail): verdict is "ok" or "SURPRISE"; the detail ends with the task's canaries."""
     if not task.repo_source and not backend_class(backend).uses_image:
         return "SURPRISE", "no local repository source (this task needs an image-based sandbox)"
     spec = task_spec(task, backend)
     make = lambda: create_sandbox(backend, spec)  # noqa: E731
     timeout_s = ServerConfig.from_env().grading_timeout_s
     try:
-        gold = await grade(task, task.patch, make, timeout_s, cache_key=backend)
-        empty = await grade(task, "", make, timeout_s, cache_key=backend)
+        empty = await grade(task, "", make, timeout_s, cache_key=backend)  # first: its run time sizes the gold's
+        gold = await grade(task, task.patch, make, timeout_s, cache_key=backend)  # builds the canaries, checks them
     except (GradingError, SandboxError) as e:
         return "SURPRISE", f"grading broke: {e}"
     problems = [
@@ -40,7 +42,17 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
         problems.append(f"empty patch scored {empty.reward}")
     if empty.report.pass_to_pass["failure"]:
         problems.append(f"PASS_TO_PASS tests fail before any change: {empty.report.pass_to_pass['failure']}")
-    return ("SURPRISE", "; ".join(problems)) if problems else ("ok", "gold 1.0, empty 0.0")
+    canaries = f"canaries: {canary_summary(gold.report.canaries)}"
+    return ("SURPRISE", "; ".join([*problems, canaries])) if problems else ("ok", f"gold 1.0, empty 0.0; {canaries}")
+
+
+def canary_summary(report: str | None) -> str:
+    """`N held` or `none (why)` from a gold grade's TestReport.canaries."""
+    if report is None:
+        return "none (not checked: the gold patch did not score 1.0)"
+    if report.startswith("held: "):
+        return f"{report.split()[1]} held"
+    return report
 
 
 async def validate(dataset: str, split: str, backend: str, limit: int | None) -> int:
@@ -57,13 +69,15 @@ async def validate(dataset: str, split: str, backend: str, limit: int | None) ->
         for s in skipped:
             print(f"  skipped {s}")
     tasks = tasks[:limit] if limit else tasks
-    surprises = 0
+    surprises = covered = 0
     width = max((len(t.instance_id) for t in tasks), default=10)
     print(f"{'task':<{width}}  verdict   seconds  detail")
     for t in tasks:
         t0 = time.monotonic()
         verdict, detail = await check_task(t, backend)
         surprises += verdict != "ok"
+        covered += "canaries: none" not in detail and verdict == "ok"
         print(f"{t.instance_id:<{width}}  {verdict:<8}  {time.monotonic() - t0:7.1f}  {detail}", flush=True)
     print(f"{len(tasks) - surprises} ok, {surprises} surprises, {len(skipped)} rows skipped")
+    print(f"canary coverage of {dataset}: {covered}/{len(tasks)} tasks with at least one gold-killed canary")
     return 1 if surprises or skipped or not tasks else 0

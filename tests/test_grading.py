@@ -3,8 +3,7 @@ from pathlib import Path
 import pytest
 from cheats import BY_NAME, CORPUS, Cheat, as_diff
 
-from swe_gym_env.server import grading
-from swe_gym_env.server.grading import filter_model_patch, grade
+from swe_gym_env.server.grading import filter_model_patch, grade, runtimes
 from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import BUNDLED_DIR, bundled_tasks
@@ -114,7 +113,7 @@ def codes(g) -> list[str]:
 @pytest.mark.parametrize("cheat", CORPUS, ids=str)
 async def test_cheat_corpus_scores_zero_with_its_finding(cheat, tmp_path, monkeypatch):
     """Every cheat of tests/cheats.py ends 0.0; where the grader saw the attempt, with its finding."""
-    monkeypatch.setattr(grading, "TIMEOUT_FLOOR_S", 5.0)
+    monkeypatch.setattr(runtimes, "TIMEOUT_FLOOR_S", 5.0)
     task = bundled_tasks()[0]
     g = await grade(task, cheat_diff(task, cheat, tmp_path), factory(task), timeout_s=30)
     assert g.reward == 0.0, (cheat.name, g.report.integrity, g.report.log_tail[-2000:])

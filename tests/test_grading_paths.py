@@ -198,6 +198,7 @@ async def test_django_runner_graded_by_parse_log_django(tmp_path):
     r = gold.report
     assert (r.graded_by, r.parser, r.junit_cross_check) == ("repo_parser", "parse_log_django", "not_pytest")
     assert f"{ids[0]} ... ok" in r.log_tail and "System check identified no issues" in r.log_tail
+    assert (r.canaries or "").startswith("held: 1 "), r.canaries  # the mutant's status from the log parser alone
     empty = await grade(task, "", local(task))
     assert empty.reward == 0.0 and empty.report.fail_to_pass["failure"] == [ids[0]]
     assert f"{ids[0]} ... FAIL" in empty.report.log_tail and f"FAIL: {ids[0]}" in empty.report.log_tail
@@ -220,6 +221,7 @@ async def test_sympy_runner_graded_by_parse_log_sympy(tmp_path):
     r = gold.report
     assert (r.graded_by, r.parser, r.junit_cross_check) == ("repo_parser", "parse_log_sympy", "not_pytest")
     assert "test_add ok" in r.log_tail and "tests finished: 2 passed" in r.log_tail
+    assert (r.canaries or "").startswith("held: 1 "), r.canaries
     empty = await grade(task, "", local(task))
     assert empty.reward == 0.0 and empty.report.fail_to_pass["failure"] == ["test_add"]
     log = empty.report.log_tail
@@ -276,6 +278,7 @@ async def test_row_with_its_own_eval_script_is_graded_through_make_test_spec(tmp
     r = gold.report
     assert (r.graded_by, r.parser, r.junit_cross_check) == ("eval_script", "parse_log_pytest", "match")
     assert ">>>>> Test Exit Code: 0" in r.log_tail  # make_test_spec's exit-code recording ran
+    assert (r.canaries or "").startswith("held: 2 "), r.canaries  # spliced after the script's test patch heredoc
     empty = await grade(task, "", local(task))
     assert empty.reward == 0.0 and empty.report.junit_cross_check == "match"
     assert ">>>>> Test Exit Code: 1" in empty.report.log_tail

@@ -129,9 +129,10 @@ GIT_COUNT = textwrap.dedent(
 
 
 @sandboxed
-def test_a_rollout_outside_its_agent_runs_five_git_processes_once_its_tree_exists(tmp_path):
-    """Workspace copy (none), diff (add, diff) and grading (model patch, test files reset, test patch): 5. Before
-    the pristine trees: 39 (two clones and two history strips with `git gc`)."""
+def test_a_rollout_outside_its_agent_runs_eight_git_processes_once_its_tree_exists(tmp_path):
+    """Workspace copy (none), diff (add, diff) and grading (model patch, test files reset, test patch), then the
+    canary run a 1.0 gets (the same three): 8. Before the pristine trees: 39 (two clones and two history strips with
+    `git gc`)."""
     if shutil.which("strace") is None:
         pytest.skip("strace is not installed")
     script = tmp_path / "one.py"
@@ -152,7 +153,7 @@ def test_a_rollout_outside_its_agent_runs_five_git_processes_once_its_tree_exist
         if ('execve("' in line and '/git"' in line.split(",")[0]) or "/git-core/" in line.split(",")[0]
     ]
     gits = [line for line in gits if "ENOENT" not in line]
-    assert len(gits) == 5, "\n".join(gits)
+    assert len(gits) == 8, "\n".join(gits)
 
 
 def test_the_sandboxes_parent_group_weighs_one_process_per_sandbox(tmp_path):

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import PurePosixPath
 
+from swe_gym_env.server.grading.runtime_record import runtime_events as runtime_events
+from swe_gym_env.server.grading.runtime_record import runtime_findings
+
 # Files that change how pytest or Python start: a model patch never adds, changes, deletes or renames onto them.
 STARTUP_NAMES = frozenset(
     {
@@ -128,6 +131,8 @@ class Record:
     hooks: list[list] = field(default_factory=list)
     pytest_version: str = ""
     junit_sha256: str = ""  # the JUnit report as pytest left it ('' when none was written)
+    runtime: list[dict] = field(default_factory=list)  # the runtime record's events (`runtime_record`)
+    audit_hook: bool | None = None  # the guard's audit hook ran (False: Python < 3.8; None: an older guard)
 
 
 def read_record(data: bytes, key: bytes) -> Record:
@@ -160,6 +165,12 @@ def read_record(data: bytes, key: bytes) -> Record:
         if kind == "start":
             keyed_started.add(pid)
             rec.pytest_version = str(body.get("pytest", ""))
+            if "audit" in body:
+                rec.audit_hook = bool(body["audit"])
+        elif kind == "rt":
+            rec.runtime.append(body)
+        elif kind == "problem":
+            rec.problems.append(str(body.get("what", "")))
         elif kind == "call":
             rec.calls.append(body)
         elif kind == "log":
@@ -220,13 +231,17 @@ def tampering(
     logged: dict[str, str] | None,
     junit: dict[str, str] | None,
     subfailed: set[str] = frozenset(),  # type: ignore[assignment]
+    *,
+    allowed_events: frozenset[str] = frozenset(),
 ) -> list[str]:
     """What the record shows the code under test did to the run (empty: nothing seen).
 
     ``touched``: files the model patch added or changed; ``trusted_files``: the verdict's test files (reset to
     base_commit); per listed id, where the parser keeps pytest's ids (else None): ``own`` the record's status,
-    ``logged`` swebench's from the log (None when it found nothing), ``junit`` the JUnit report's."""
+    ``logged`` swebench's from the log (None when it found nothing), ``junit`` the JUnit report's.
+    ``allowed_events``: `runtime_events` keys the gold patch's run also showed (not tampering)."""
     seen = list(rec.problems)
+    seen += runtime_findings(rec, touched, trusted_files, allowed_events)
     for c in rec.calls:
         raw, out, tid = str(c.get("raw", "")), c.get("out"), c.get("id")
         if raw.startswith("exc:") and out == "passed":

@@ -39,6 +39,7 @@ class ServerConfig:
     capture_db: Path | None = None  # durable capture store (SQLite); None: in memory only
     context_window: int = 8192  # what agents are told when the engine does not say
     grading_timeout_s: float = 300.0
+    canaries: bool = True  # a 1.0 is checked again with the mutation canaries (SWE_GYM_CANARIES=0: off)
     stall_timeout_s: float = 60.0  # an engine stream silent this long ends its call (well under any deadline)
     max_failed_calls: int = 5  # model calls failing in a row that end the rollout at once
     concurrency: dict[str, int] = field(default_factory=lambda: {"local": 8})  # rollouts running per backend (else 8)
@@ -70,6 +71,7 @@ class ServerConfig:
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
             context_window=int(os.environ.get("SWE_GYM_CONTEXT_WINDOW", "8192")),
             grading_timeout_s=float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_S", "300")),
+            canaries=os.environ.get("SWE_GYM_CANARIES", "1") != "0",
             stall_timeout_s=float(os.environ.get("SWE_GYM_STALL_TIMEOUT_S", "60")),
             max_failed_calls=int(os.environ.get("SWE_GYM_MAX_FAILED_CALLS", "5")),
             capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",

@@ -18,7 +18,7 @@ from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
 from swe_gym_env.server.certify import Certificate
-from swe_gym_env.server.grading import GradingError, grade
+from swe_gym_env.server.grading import GradingError, grade, prepare, prepared
 from swe_gym_env.server.rollout import agent_run
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
@@ -38,6 +38,27 @@ Do not modify the tests. When you are done, reply with a short summary.
 {problem}
 </issue>
 """
+
+
+TESTS_VISIBLE = """
+The tests that check this issue are in the repository ({files}); you may read and run them. Do not modify them.
+"""
+
+
+async def show_tests(sbx: Sandbox, task: Task) -> str:
+    """`tests_visible`: apply the task's test patch in the agent's workspace and commit it, so the agent sees the
+    failing tests and its diff does not carry them (grading resets the test files and re-applies the patch anyway).
+    Returns the commit to diff against."""
+    await sbx.write_file("/tmp/.swe-gym-tests.patch", task.test_patch.encode())
+    r = await sbx.exec(
+        "git apply /tmp/.swe-gym-tests.patch && rm -f /tmp/.swe-gym-tests.patch && git add -A -- . && "
+        "git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q --allow-empty --no-verify "
+        "-m 'task tests' && git rev-parse HEAD",
+        timeout=120,
+    )
+    if not r.ok:
+        raise RolloutFailure("boot", f"the task's test patch does not apply in the workspace: {r.stderr[-300:]}")
+    return r.stdout.strip().splitlines()[-1]
 
 
 @contextlib.contextmanager
@@ -191,6 +212,8 @@ class Pipeline:
                     max_calls=req.max_model_calls,
                 )
                 prompt = PROMPT.format(workdir=sbx.agent_workdir, problem=task.problem_statement)
+                if req.tests_visible:
+                    prompt += TESTS_VISIBLE.format(files=", ".join(task.test_files()))
                 with timed(timings, "boot.config"):
                     for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
                         await sbx.write_file(path, data, mode)
@@ -202,6 +225,9 @@ class Pipeline:
                 if task.setup_commands:  # the task's own setup, before the agent starts
                     with timed(timings, "boot.setup"):
                         state.diff_base = await run_task_setup(sbx, task)
+                if req.tests_visible:  # the test patch in the workspace, committed: not part of the agent's diff
+                    with timed(timings, "boot.tests"):
+                        state.diff_base = await show_tests(sbx, task)
             except SandboxError as e:
                 raise RolloutFailure("boot", str(e)) from e
             timings["boot"] = time.monotonic() - t
@@ -310,14 +336,22 @@ class Pipeline:
             labels={"rollout": rec.rollout_id, "role": "grading"},
             deadline_s=self.config.grading_timeout_s + 120,
         )
+        make = lambda: create_sandbox(req.sandbox, grading_spec)  # noqa: E731
         try:
+            if not prepared(task, req.sandbox, self.config.canaries):
+                # a task's first grading here: its run time, empty-patch baseline and canaries are measured once
+                # (kept on disk); the server's setup, not the rollout's time
+                with state.deadline_paused(), timed(timings, "grade.prepare"):
+                    await prepare(task, make, self.config.grading_timeout_s, req.sandbox, self.config.canaries)
             g = await grade(
                 task,
                 patch,
-                lambda: create_sandbox(req.sandbox, grading_spec),
+                make,
                 self.config.grading_timeout_s,
                 timings=timings,
                 cache_key=req.sandbox,
+                deadline_s=state.deadline - time.monotonic(),  # every test run's timeout is capped by what is left
+                use_canaries=self.config.canaries,
             )
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e

@@ -51,7 +51,9 @@ class RunState:
     agent_findings: list[Finding] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     timeout: asyncio.Timeout | None = None  # the rollout's deadline, as the service enforces it
-    result_form: Literal["compact", "full"] = "compact"  # full: turns also carry their whole prompt and request
+    # full: turns also carry their whole prompt and request; anything else (summary, None: the path's default) stores
+    # the compact form
+    result_form: Literal["summary", "compact", "full"] | None = "compact"
 
     @contextlib.contextmanager
     def deadline_paused(self) -> Iterator[None]:
