@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -28,13 +29,14 @@ from swe_gym_env.server.engine.builtin import builtin_engine
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
+from swe_gym_env.server.result_pages import accepts_gzip, file_chunks, parse_range
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 from swe_gym_env.server.rollout.service import freeze_startup_heap
 from swe_gym_env.server.sandbox.hf_pool import close_pools
 from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.server.sandbox.registry import reap_forever
-from swe_gym_env.server.security import BodySizeLimit, access_mode, lock_reason
+from swe_gym_env.server.security import BodySizeLimit, access_mode, bearer, lock_reason, read_mode, read_refusal
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.wire import RolloutStatus
 
@@ -137,7 +139,8 @@ def create_app(config: ServerConfig) -> FastAPI:
           but `in_flight` when no backend is usable. `by_sandbox`: the same for each usable backend.
         - `engine`: only when the server runs the built-in engine (no engine configured): it is NOT a model.
         - `access`: `mode` is `token` (an access token guards starting work), `open`, or `locked` (reachable from
-          outside with no secret configured: work and admin routes refused; `notice` says which secret to set).
+          outside with no secret configured: work and admin routes refused; `notice` says which secret to set);
+          `reads` says who may list and read rollouts: `public` (SWE_GYM_PUBLIC_READS=1), else the same as `mode`.
         - `disk`: what the results store and the capture store hold, their limits, and the data disk's free space.
         """
         sandboxes = await probe_all()
@@ -160,19 +163,62 @@ def create_app(config: ServerConfig) -> FastAPI:
             "default_sandbox": default,
             "capacity": {**capacity, "by_sandbox": {n: slots(n) for n, r in sandboxes.items() if r["usable"]}},
             # token | open | locked (exposed with no secret: `notice` names the secret to set)
-            "access": {"mode": access_mode(), "notice": lock_reason()},
+            # reads: who may list and read rollouts (public: SWE_GYM_PUBLIC_READS=1; else as starting work)
+            "access": {"mode": access_mode(), "reads": read_mode(), "notice": lock_reason()},
             "disk": await asyncio.to_thread(service.retention.usage),
         }
         if (builtin := builtin_engine()) is not None:
             out["engine"] = builtin
         return out
 
+    def check_read(authorization: str | None) -> None:
+        if (why := read_refusal(bearer(authorization))) is not None:
+            raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
+
     @app.get("/rollouts/{rollout_id}", response_model=RolloutStatus)
-    async def get_rollout(rollout_id: str) -> RolloutStatus:
-        status = service.get(rollout_id)
+    async def get_rollout(rollout_id: str, authorization: str | None = Header(None)) -> RolloutStatus:
+        check_read(authorization)
+        status = await asyncio.to_thread(service.get, rollout_id)
         if status is None:
             raise HTTPException(404, f"no rollout {rollout_id!r}")
         return status
+
+    @app.get("/rollouts/{rollout_id}/result")
+    async def get_rollout_result(rollout_id: str, request: Request) -> Response:
+        """A finished rollout's result as stored (its JSON), streamed from disk: `Range: bytes=a-b` (one range: 206,
+        past the end: 416), gzip when asked for without a range; `ETag` and `X-Content-SHA256` are the SHA-256 of
+        the whole JSON (the `sha256` of its summary). 409 while the rollout runs."""
+        check_read(request.headers.get("authorization"))
+        m = await asyncio.to_thread(service.manifest, rollout_id)
+        if m is None:
+            rec = service.record(rollout_id)
+            if rec is not None and rec.result is None:
+                raise HTTPException(409, f"rollout {rollout_id!r} is {rec.state}: its result is not there yet")
+            if rec is not None and rec.result is not None:  # finished but not stored (a full disk): from memory
+                return Response(rec.result.model_dump_json(), media_type="application/json")
+            raise HTTPException(404, f"no stored result for rollout {rollout_id!r}")
+        etag = f'"{m.sha256}"'
+        headers = {"Accept-Ranges": "bytes", "ETag": etag, "X-Content-SHA256": m.sha256, "Vary": "Accept-Encoding"}
+        wanted = parse_range(request.headers.get("range"), m.size)
+        if_range = request.headers.get("if-range")
+        if wanted is not None and if_range is not None and if_range.strip() != etag:
+            wanted = None  # the client's copy is another version: send it whole
+        if wanted == "unsatisfiable":
+            headers["Content-Range"] = f"bytes */{m.size}"
+            raise HTTPException(416, "range not satisfiable", headers=headers)
+        if isinstance(wanted, tuple):
+            start, end = wanted
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{m.size}"
+            headers["Content-Length"] = str(end - start)
+            body = file_chunks(m.path, start, end)
+            return StreamingResponse(body, 206, headers=headers, media_type="application/json")
+        if accepts_gzip(request.headers.get("accept-encoding")):
+            headers["Content-Encoding"] = "gzip"
+            headers["ETag"] = f'"{m.sha256}-gzip"'
+            body = file_chunks(m.path, 0, m.size, gzip_it=True)
+            return StreamingResponse(body, 200, headers=headers, media_type="application/json")
+        headers["Content-Length"] = str(m.size)
+        return StreamingResponse(file_chunks(m.path, 0, m.size), 200, headers=headers, media_type="application/json")
 
     install_openenv_routes(app, mcp, service)
     app.add_middleware(BodySizeLimit)  # SWE_GYM_MAX_REQUEST_BYTES; websockets bound their own messages

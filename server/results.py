@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
-from swe_gym_env.wire import Phase, RolloutRequest, RolloutResult, RolloutSummary, failed_result
+from swe_gym_env.server.result_pages import base_summary
+from swe_gym_env.wire import Phase, ResultSummary, RolloutRequest, RolloutResult, RolloutSummary, failed_result
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: nothing that could leave the dir
 INDEX_NAME = ".index.sqlite"
@@ -112,7 +113,7 @@ class ResultsStore:
             path = self.root / f"{rid}.json"
             try:
                 st = path.stat()
-                summary = RolloutSummary.of_result(RolloutResult.model_validate_json(path.read_bytes()))
+                summary = base_summary(RolloutResult.model_validate_json(path.read_bytes()))
             except (OSError, ValueError):
                 continue  # vanished, or not a result: never listed (as before the index)
             with self._lock:
@@ -142,7 +143,7 @@ class ResultsStore:
     def put(self, result: RolloutResult) -> int:
         """Store a finished result (file and index row, or neither: raises). Returns its size in bytes."""
         data = result.model_dump_json().encode()
-        summary = RolloutSummary.of_result(result).model_dump_json()
+        summary = base_summary(result).model_dump_json()  # a RolloutSummary for listings, the summary form whole
         rid = result.rollout_id
         path = self.root / f"{rid}.json"
         with self._lock:
@@ -205,6 +206,13 @@ class ResultsStore:
         return len(self._cache), self._cached_bytes
 
     # -- reading --------------------------------------------------------------------------------------------------
+    def path_of(self, rollout_id: str) -> Path | None:
+        """The stored result file of a finished rollout (read it in pieces: `server.result_pages`), or None."""
+        if not ROLLOUT_ID.fullmatch(rollout_id):
+            return None
+        path = self.root / f"{rollout_id}.json"
+        return path if path.is_file() else None
+
     def get(self, rollout_id: str) -> RolloutResult | None:
         if not ROLLOUT_ID.fullmatch(rollout_id):
             return None
@@ -224,6 +232,20 @@ class ResultsStore:
                 self._remember(rollout_id, data)
         return result
 
+    def result_summary(self, rollout_id: str) -> ResultSummary | None:
+        """A stored result's summary form (without its pages) from the index, without reading the result; None when
+        the index row is older than the summary form (or there is none)."""
+        with self._lock:
+            if rollout_id in self._unindexed:
+                return None
+            row = self.db.execute("SELECT summary FROM results WHERE id = ?", (rollout_id,)).fetchone()
+        if row is None or '"result_form"' not in row[0]:
+            return None
+        try:
+            return ResultSummary.model_validate_json(row[0])
+        except ValueError:
+            return None
+
     def summaries(self, limit: int = 100) -> list[RolloutSummary]:
         with self._lock:
             self._flush_deletes()
@@ -236,7 +258,7 @@ class ResultsStore:
             if rid in skip or len(out) >= limit:
                 continue
             with contextlib.suppress(ValueError):
-                out.append(RolloutSummary.model_validate_json(summary))
+                out.append(RolloutSummary.model_validate_json(summary))  # a summary form's other fields: dropped
         return out
 
     def usage(self) -> tuple[int, int]:

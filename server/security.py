@@ -14,6 +14,10 @@ purpose (``push --open`` writes it as a Space variable). A Space duplicated in t
   but no admin key, admin routes are closed.
 - ``SWE_GYM_OPEN_ACCESS=1``: an exposed server with neither secret is open (anyone may start work and administer).
 - ``SWE_GYM_BIND_HOST``: the address the server listens on (``serve`` sets it); unset means loopback.
+- ``SWE_GYM_PUBLIC_READS=1``: rollouts (listings, results, the UI's rollout, history and live views) readable by
+  anyone. Without it, reading a rollout needs what starting one needs (``read_refusal``): the access token where one
+  is configured, nothing on an open server, and nobody on a locked one. Results hold a model's captured outputs and
+  logprobs: training data, and distillation material for anyone else.
 - ``SWE_GYM_ENGINE_URL_ALLOWLIST``: comma-separated URL prefixes a caller may name as ``engine_url`` (scheme, host
   and port must match exactly, the path on a segment boundary); ``*`` allows any. ``SWE_GYM_ALLOW_ENGINE_URLS=1``
   is the older spelling of ``*``. Empty: only the server's named engines.
@@ -55,9 +59,14 @@ MAX_BODY_ENV = "SWE_GYM_MAX_REQUEST_BYTES"
 OPEN_ENV = "SWE_GYM_OPEN_ACCESS"
 BIND_ENV = "SWE_GYM_BIND_HOST"
 SPACE_ENV = "SPACE_ID"  # set by Hugging Face on every Space
+PUBLIC_READS_ENV = "SWE_GYM_PUBLIC_READS"
 DEFAULT_RATE_WITH_TOKEN = 60
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 ACCESS_REFUSED = "access token required: send `Authorization: Bearer <token>` (the Space secret SWE_GYM_ACCESS_TOKEN)"
+READ_REFUSED = (
+    "access token required to read rollouts: send `Authorization: Bearer <token>` (the Space secret "
+    "SWE_GYM_ACCESS_TOKEN); SWE_GYM_PUBLIC_READS=1 makes rollouts readable by anyone"
+)
 
 
 def _configured(name: str) -> str | None:
@@ -108,6 +117,27 @@ def access_mode() -> str:
     if _configured(ACCESS_ENV):
         return "token"
     return "locked" if lock_reason() else "open"
+
+
+def public_reads() -> bool:
+    """Whether rollouts are readable by anyone (``SWE_GYM_PUBLIC_READS=1``): the one place that reads it."""
+    return os.environ.get(PUBLIC_READS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def read_mode() -> str:
+    """Who may list and read rollouts, for /health: ``public`` (opted in), ``token``, ``open`` or ``locked``."""
+    return "public" if public_reads() else access_mode()
+
+
+def read_refusal(presented: str | None) -> str | None:
+    """Why a caller presenting ``presented`` may not list or read rollouts, or None if it may: anyone with the opt-in;
+    else whoever may start work (the access token or admin key where a token is configured; anyone on an open
+    server; no one on a locked one). Reads are not rate-limited."""
+    if public_reads():
+        return None
+    if (locked := lock_reason()) is not None:
+        return locked
+    return None if access_ok(presented) else READ_REFUSED
 
 
 def _same(presented: str | None, expected: str) -> bool:

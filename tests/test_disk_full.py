@@ -53,7 +53,7 @@ async def test_a_full_disk_fails_the_rollout_clearly_and_the_server_recovers(sma
                 after = await c.run_rollout(rollout_id="after-the-space")
                 assert after.ok, after.error
                 told = (await mcp.call_tool("get_rollout", {"rollout_id": "filled-mid-run"})).structured_content
-                assert told["result"]["ok"] is False and "disk full" in told["result"]["error"]
+                assert told["result_summary"]["ok"] is False and "disk full" in told["result_summary"]["error"]
                 assert (await mcp.call_tool("get_rollout", {"rollout_id": "before-the-fill"})).structured_content == (
                     stored
                 )

@@ -120,7 +120,8 @@ def client(srv, token: str | None = TOKEN) -> Client:
 
 async def run_rollout(srv, token: str | None = TOKEN, **fields) -> RolloutResult:
     async with asyncio.timeout(fields.get("deadline_s", 300) + 120), client(srv, token) as c:
-        res = await c.call_tool("run_rollout", {"harness": "pi", **fields}, raise_on_error=False, timeout=600)
+        args = {"harness": "pi", "result_form": "compact", **fields}  # the whole result (fits: a short rollout)
+        res = await c.call_tool("run_rollout", args, raise_on_error=False, timeout=600)
     assert not res.is_error, res.content
     return RolloutResult.model_validate(res.structured_content)
 

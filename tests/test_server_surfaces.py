@@ -56,7 +56,8 @@ async def test_official_mcp_sdk_client_runs_a_rollout_with_progress(stack):
         )
     assert not res.is_error
     body = res.structured_content
-    assert body["ok"] is True and body["reward"] == 1.0 and len(body["turns"]) >= 2
+    assert body["ok"] is True and body["reward"] == 1.0 and body["turns"] >= 2
+    assert body["result_form"] == "summary" and body["pages"] >= 1  # the whole result: its resource pages
     assert body["instance_id"] == bundled_tasks()[1].instance_id
     assert "phase: grade" in progress and any(m.startswith("model call 1:") for m in progress)
 
@@ -123,7 +124,8 @@ async def test_disconnected_client_fetches_the_result_by_id_and_reruns_are_idemp
         await task
     async with Client(stack.mcp_url) as c:
         for _ in range(600):
-            status = (await c.call_tool("get_rollout", {"rollout_id": rid})).structured_content
+            args = {"rollout_id": rid, "result_form": "compact"}
+            status = (await c.call_tool("get_rollout", args)).structured_content
             if status["state"] == "finished":
                 break
             await asyncio.sleep(0.1)
@@ -178,7 +180,8 @@ async def test_server_killed_mid_rollout_marks_it_failed_after_restart(tmp_path)
             call.cancel()
         s.start_server()
         async with Client(s.mcp_url) as c:
-            got = (await c.call_tool("get_rollout", {"rollout_id": "killed-mid-run"})).structured_content["result"]
+            got = (await c.call_tool("get_rollout", {"rollout_id": "killed-mid-run"})).structured_content
+            got = got["result_summary"]
     finally:
         s.stop()
     assert got["ok"] is False and "server stopped" in got["error"] and got["reward"] is None

@@ -136,6 +136,7 @@ def mcp(space: Space, token: str | None = TOKEN) -> Client:
 
 async def rollout(space: Space, **fields) -> RolloutResult:
     args = {"split": "pypi", "instance_id": TASK, "harness": "pi", "deadline_s": 600, **fields}
+    args.setdefault("result_form", "compact")  # the whole result over MCP (a short rollout: it fits)
     async with mcp(space) as c:
         res = await c.call_tool("run_rollout", args, raise_on_error=False, timeout=900)
     assert not res.is_error, res.content

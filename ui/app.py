@@ -17,7 +17,7 @@ from swe_gym_env.server.rollout import RolloutService
 from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
 from swe_gym_env.ui import render
-from swe_gym_env.ui.guard import ui_start_refusal
+from swe_gym_env.ui.guard import ui_read_refusal, ui_start_refusal
 from swe_gym_env.ui.live import Snapshot, View, follow, live_table_html, snapshot, token_text_for, view_for
 from swe_gym_env.wire import AUTO_SANDBOX, RolloutRequest
 
@@ -170,7 +170,7 @@ class Panel:
         r = snap.result
         return [
             _status_html(snap),
-            render.timeline_html(snap.events),
+            render.timeline_html(snap.events) if r is None else render.phase_timeline_html(r, snap.events),
             render.result_html(r) if r is not None else '<div class="sg-empty">running…</div>',
             *cls.page_values(snap, view),
             render.grading_html(r.grading) if r is not None else '<div class="sg-empty">not graded yet</div>',
@@ -227,18 +227,26 @@ def build_ui(service: RolloutService) -> gr.Blocks:
         gr.Markdown("## swe_gym_env — rollouts")
         banner = gr.HTML(elem_id="server-banner")
         demo.load(_banner_html, outputs=banner, api_visibility="private")
+        access = gr.Textbox(
+            label="access token (to see rollouts, when the server has one)",
+            type="password",
+            elem_id="access-token",
+        )
         with gr.Tabs(selected="live") as tabs:
             # -- Live ------------------------------------------------------------------------------------------
             with gr.Tab("Live", id="live"):
                 gr.Markdown("Every rollout in flight on this server, whoever started it (UI, MCP, WebSocket).")
                 live = gr.HTML(elem_id="live")
+
+                def live_view(token: str, request: gr.Request) -> str:
+                    if (why := ui_read_refusal(request, token)) is not None:
+                        return f'<div class="sg-error" id="live-refused">{render.esc(why, 500)}</div>'
+                    return live_table_html(service)
+
                 gr.Timer(1.0).tick(
-                    lambda: live_table_html(service),
-                    outputs=live,
-                    show_progress="hidden",
-                    api_visibility="private",
+                    live_view, inputs=access, outputs=live, show_progress="hidden", api_visibility="private"
                 )
-                demo.load(lambda: live_table_html(service), outputs=live, api_visibility="private")
+                demo.load(live_view, inputs=access, outputs=live, api_visibility="private")
 
             # -- Run -------------------------------------------------------------------------------------------
             with gr.Tab("Run", id="run"):
@@ -314,10 +322,13 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                     show = gr.Button("Show", elem_id="rollout-show")
                 panel = Panel("rollout", service)
 
-                async def show_rollout(rollout_id: str, request: gr.Request):
+                async def show_rollout(rollout_id: str, token: str, request: gr.Request):
                     rollout_id = (rollout_id or "").strip()
                     if not rollout_id:
                         yield tuple(gr.skip() for _ in panel.outputs)
+                        return
+                    if (why := ui_read_refusal(request, token)) is not None:
+                        yield Panel.message(why)
                         return
                     events = [(time.time(), f"watching {rollout_id}")]
                     async for out in _watch(service, rollout_id, events, view_for(request.session_hash, "rollout")):
@@ -326,7 +337,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 for trigger in (show.click, rid.submit):
                     trigger(
                         show_rollout,
-                        rid,
+                        [rid, access],
                         panel.outputs,
                         concurrency_limit=None,
                         show_progress="hidden",
@@ -385,7 +396,9 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 refresh = gr.Button("Refresh", elem_id="history-refresh")
                 h_table = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history-table")
 
-                def history() -> list[list]:
+                def history(token: str, request: gr.Request) -> list[list]:
+                    if ui_read_refusal(request, token) is not None:
+                        return []
                     return [
                         [
                             s.rollout_id,
@@ -406,10 +419,10 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                     row = evt.row_value or []
                     return (row[0] if row else ""), gr.Tabs(selected="rollout")
 
-                refresh.click(history, None, h_table, api_visibility="private")
-                demo.load(history, None, h_table, api_visibility="private")
+                refresh.click(history, access, h_table, api_visibility="private")
+                demo.load(history, access, h_table, api_visibility="private")
                 h_table.select(open_rollout, None, [rid, tabs], api_visibility="private").then(
-                    show_rollout, rid, panel.outputs, concurrency_limit=None, api_visibility="private"
+                    show_rollout, [rid, access], panel.outputs, concurrency_limit=None, api_visibility="private"
                 )
 
         async def from_address(request: gr.Request):
@@ -417,6 +430,9 @@ def build_ui(service: RolloutService) -> gr.Blocks:
             wanted = (request.query_params.get("rollout") or "").strip() if request else ""
             if not wanted:
                 yield tuple(gr.skip() for _ in range(2 + len(panel.outputs)))
+                return
+            if (why := ui_read_refusal(request, None)) is not None:  # the page's load has no token typed yet
+                yield (wanted, gr.Tabs(selected="rollout"), *Panel.message(why))
                 return
             events = [(time.time(), f"watching {wanted}")]
             async for out in _watch(service, wanted, events, view_for(request.session_hash, "rollout")):

@@ -368,6 +368,26 @@ def result_html(r: RolloutResult) -> str:
     return "".join(lines)
 
 
+def phase_timeline_html(r: RolloutResult, events: Sequence[tuple[float, str]] = ()) -> str:
+    """A finished rollout's phases, from its timings (each phase's start and length), how it ended, then the progress
+    lines seen while it was watched (when there were any beyond the opening one)."""
+    items, t = [], 0.0
+    for name, secs in r.timings.items():
+        items.append(
+            f'<li data-phase="{esc(name, 40)}"><span class="sg-t">{t:7.2f}s</span> {esc(name, 40)} '
+            f"<span class='sg-role'>{secs:.2f}s</span></li>"
+        )
+        t += secs
+    end = "done: ok" if r.ok else f"failed in phase {esc(r.phase, 20)}: {esc(redact(r.error or ''), 300)}"
+    reward = "—" if r.reward is None else f"{r.reward:g}"
+    items.append(
+        f'<li data-phase="end"><span class="sg-t">{r.wall_s:7.2f}s</span> {end} · reward {reward} · '
+        f"{len(r.turns)} calls{' · ' + esc(r.stop_reason, 40) if r.stop_reason else ''}</li>"
+    )
+    head = '<ol class="sg-timeline sg-phases" id="phase-timeline">' + "".join(items) + "</ol>"
+    return head + (timeline_html(events) if len(events) > 1 else "")
+
+
 def timeline_html(events: Sequence[tuple[float, str]], limit: int = TIMELINE_EVENTS) -> str:
     """Progress lines as they arrived (the newest ``limit``), with seconds since the first one."""
     if not events:

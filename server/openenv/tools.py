@@ -11,7 +11,7 @@ from fastmcp.exceptions import NotFoundError
 from fastmcp.exceptions import ValidationError as ToolArgumentsError
 from fastmcp.tools.base import ToolResult
 
-from swe_gym_env.server.mcp_tools import RESERVED_TOOL_NAMES
+from swe_gym_env.server.mcp_tools import RESERVED_TOOL_NAMES, result_form_default
 from swe_gym_env.server.openenv.models import INTERNAL_ERROR, INVALID_PARAMS
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,8 @@ class ToolBridge:
                 INVALID_PARAMS,
             )
         try:
-            res = await self.mcp.call_tool(name, arguments)
+            with result_form_default("compact"):  # OpenEnv's clients get the whole result, as before
+                res = await self.mcp.call_tool(name, arguments)
         except NotFoundError as e:
             raise ToolCallError("tool_not_found", str(e)) from e
         except ToolArgumentsError as e:

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 
 from swe_gym_env.server.capture import CaptureProxy
+from swe_gym_env.server.result_pages import Manifest, Manifests, with_pages
 from swe_gym_env.server.results import ResultsStore, disk_full
 from swe_gym_env.server.retention import Retention
 from swe_gym_env.server.rollout.config import ServerConfig
@@ -37,6 +38,7 @@ from swe_gym_env.server.sandbox.registry import reap_orphans
 from swe_gym_env.wire import (
     AUTO_SANDBOX,
     Phase,
+    ResultSummary,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
@@ -86,6 +88,7 @@ class RolloutService:
             if config.results_dir
             else None
         )
+        self.pages = Manifests()  # stored results read in pieces: size, sha256 and page bounds per file
         self.rollouts: dict[str, RolloutRecord] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self.engines = Engines(config)
@@ -214,6 +217,26 @@ class RolloutService:
         if rec is None:
             return None
         return RolloutStatus(rollout_id=rollout_id, state=rec.state, summary=rec.summary())
+
+    def manifest(self, rollout_id: str) -> Manifest | None:
+        """The stored result file of a finished rollout, as pages (blocking: one pass over a file not seen before);
+        None when it is not stored (no store, not finished, or a result that could not be stored)."""
+        path = self.store.path_of(rollout_id) if self.store is not None else None
+        if path is None:
+            return None
+        try:
+            return self.pages.get(path, rollout_id)
+        except OSError:  # deleted meanwhile (retention)
+            return None
+
+    def result_summary(self, rollout_id: str) -> ResultSummary | None:
+        """A stored, finished rollout's summary form with its pages, without parsing its result (blocking: reads the
+        index, and scans the file once for its manifest); None when not stored, or stored by an older server."""
+        if self.store is None or rollout_id in self.rollouts:
+            return None
+        summary = self.store.result_summary(rollout_id)
+        m = self.manifest(rollout_id) if summary is not None else None
+        return with_pages(summary, m) if summary is not None and m is not None else None
 
     def list(self, limit: int = 100) -> list[RolloutSummary]:
         live = [r.summary() for r in self.live()]
