@@ -1,4 +1,4 @@
-"""`swe-gym-env` command line: setup, engine, serve, demo."""
+"""`swe-gym-env`: run coding agents on real tasks as RL rollouts (token capture, graded rewards)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ from swe_gym_env.names import DEFAULT_HARNESS, DEFAULT_SANDBOX, HARNESSES, SANDB
 from swe_gym_env.procs import free_port
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# the README's two commands, shown by `swe-gym-env` with no command
+FIRST_STEPS = (
+    "bash scripts/setup.sh && .venv/bin/swe-gym-env demo    # set up, then one real rollout",
+    "bash scripts/test.sh                                   # the tests",
+)
 
 
 @dataclass(frozen=True)
@@ -103,14 +108,16 @@ def cmd_engine(args: argparse.Namespace) -> int:
     from swe_gym_env.server.engine.app import Engine, create_engine_app
     from swe_gym_env.server.engine.chat import ChatRenderer
     from swe_gym_env.server.engine.policy import make_policy
+    from swe_gym_env.settings import current
 
+    settings = current()
     policy = make_policy(args.policy)
     engine = Engine(
         ChatRenderer(tokenizer_file()),
         policy,
         args.served_model_name,
-        delay_s=args.delay_s,
-        max_model_len=args.max_model_len,
+        delay_s=settings.engine_delay_s if args.delay_s is None else args.delay_s,
+        max_model_len=settings.engine_max_model_len if args.max_model_len is None else args.max_model_len,
     )
     print(
         f"swe-gym-env built-in engine on 127.0.0.1:{args.port} — NOT a model: policy '{policy.name}' replays "
@@ -291,7 +298,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from swe_gym_env.server.info import gather_info
 
     _apply_engine_args(args)
-    out = asyncio.run(gather_info(os.environ.get("SWE_GYM_ENGINE_URL")))
+    out = asyncio.run(gather_info(os.environ.get("SWE_GYM_ENGINE_URL")))  # as `serve` may have set it
     for name, row in out.get("agents", {}).items():  # per harness: its bundle built or not, and its size
         row["bundle"] = bundle_status(get_harness(name))
     print(json.dumps(out, indent=2))
@@ -308,7 +315,10 @@ def cmd_parity(argv: list[str]) -> int:
         from swe_gym_env.client.parity import main as parity_main
 
         return parity_main(argv)
-    trainer = os.environ.get("SWE_GYM_TRAINER_PYTHON")
+    from swe_gym_env.settings import current
+
+    configured = current().trainer_python
+    trainer = str(configured) if configured else None
     if not trainer:
         try:
             side = procs.side_python(".trl-venv")
@@ -328,6 +338,34 @@ def cmd_parity(argv: list[str]) -> int:
     return subprocess.run([trainer, "-m", "swe_gym_env.client.parity", *argv]).returncode
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """Every setting, its value and where it came from (default, environment, .env); secrets only as set / unset."""
+    from swe_gym_env import settings as S
+
+    if args.markdown:
+        print(S.markdown(), end="")
+        return 0
+    try:
+        current = S.build(env_file=S.ENV_FILE)
+    except S.SettingsError as e:
+        for line in str(e).splitlines():
+            print(f"swe-gym-env: bad setting {line}", file=sys.stderr)
+        return 2
+    rows = S.describe(current)
+    warnings = S.unknown_warnings({**S.dotenv_values(S.ENV_FILE), **os.environ})
+    if args.json:
+        print(json.dumps({"settings": rows, "warnings": warnings}, indent=2, default=str))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        value = r["value"]
+        shown = "" if value is None else value if isinstance(value, str) else json.dumps(value, default=str)
+        print(f"{r['name']:<{width}}  {shown or '-':<28} ({r['source']})")
+    for w in warnings:
+        print(w, file=sys.stderr)
+    return 0
+
+
 BENCHES = {
     "capture": "direct engine calls vs the same calls through /capture (latency, calls/s, time to first token)",
     "graph": "rollout-graph ingest and bytes per stored token as a rollout grows",
@@ -336,6 +374,7 @@ BENCHES = {
     "result": "a long rollout's result size and capture-session memory, compact vs full form (80 calls, 568k tokens)",
     "long": "concurrent rollouts at real size (80 calls, ~7k tokens each): server RSS per rollout, result size",
     "soak": "rollouts for a given time: server RSS, open fds, disk, time outside the agent, first vs last 10%%",
+    "mcp": "long results over MCP: summary size, pages, fetch time, server RSS while 8 clients fetch 8 results",
 }
 
 
@@ -352,47 +391,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return mod.run(args.json, quick=args.quick, **kwargs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="swe-gym-env", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser(
-        "setup",
-        help="prepare the tokenizer, the task runtime and Pi, the demo's agent (idempotent); other harnesses and the "
-        "pypi split are installed on first use, or here with --harness / --all",
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (a test parses every command docs/ quote with it)."""
+    p = argparse.ArgumentParser(
+        prog="swe-gym-env",
+        description=__doc__,
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=14, width=120),
     )
-    s.add_argument(
-        "--harness",
-        action="append",
-        choices=[*HARNESSES, "all"],
-        help="this harness instead of Pi (repeatable; `all`: every harness)",
-    )
-    s.add_argument("--all", action="store_true", help="every harness, and the pypi split with its task venvs")
-    s.set_defaults(func=cmd_setup)
-    e = sub.add_parser("engine", help="the built-in vLLM-compatible engine (NOT a model: scripted policies)")
-    e.add_argument("--host", default="127.0.0.1")
-    e.add_argument("--port", type=int, default=8001)
-    e.add_argument("--policy", default="oracle", help="oracle | noop | script:FILE")
-    e.add_argument("--served-model-name", default=DEFAULT_MODEL)
-    e.add_argument(
-        "--delay-s",
-        type=float,
-        default=float(os.environ.get("SWE_GYM_ENGINE_DELAY_S", "0")),
-        help="wait this long before each reply (default $SWE_GYM_ENGINE_DELAY_S or 0)",
-    )
-    e.add_argument(
-        "--max-model-len",
-        type=int,
-        default=int(os.environ.get("SWE_GYM_ENGINE_MAX_MODEL_LEN", "8192")),
-        help="context length the engine enforces (default $SWE_GYM_ENGINE_MAX_MODEL_LEN or SmolLM2's 8192)",
-    )
-    e.add_argument(
-        "--capture-level",
-        choices=["tokens", "logprobs", "text"],
-        default="tokens",
-        help="answer like an engine that returns less (ids off, or ids and logprobs off): for certification tests",
-    )
-    e.set_defaults(func=cmd_engine)
-    v = sub.add_parser("serve", help="the server: /mcp, /capture, /health")
+    sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    d = sub.add_parser("demo", help="start here: engine + server, one real rollout over MCP, then stop them")
+    d.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
+    d.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
+    d.add_argument("--policy", default="oracle")
+    d.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    d.set_defaults(func=cmd_demo)
+    v = sub.add_parser("serve", help="the server: MCP at /mcp, the capture proxy, the UI at /web, /health")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument(
@@ -405,33 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_vllm_arguments(v)
     v.set_defaults(func=cmd_serve)
-    ps = sub.add_parser("push", help="create or update a Hugging Face Space running this server")
-    ps.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
-    ps.add_argument("--dry-run", action="store_true", help="print exactly what would be sent (secrets redacted)")
-    ps.add_argument("--hardware", help="Space hardware, e.g. cpu-upgrade, t4-small, a10g-small")
-    ps.add_argument("--private", action="store_true", help="a private Space (refused with --hf-sandboxes)")
-    ps.add_argument("--hf-sandboxes", action="store_true", help="rollouts in HF Sandboxes: sends an HF token secret")
-    ps.add_argument("--open", action="store_true", help="no access token: anyone may start rollouts")
-    ps.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="a Space variable (repeatable)")
-    ps.add_argument(
-        "--root",
-        type=Path,
-        help=f"the checkout to upload (default ${procs.CHECKOUT_ENV}, else the current directory or a parent of it)",
-    )
-    ps.set_defaults(func=cmd_push)
-    d = sub.add_parser("demo", help="engine + server on free ports, one rollout over MCP, then stop everything")
-    d.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
-    d.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
-    d.add_argument("--policy", default="oracle")
-    d.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    d.set_defaults(func=cmd_demo)
-    va = sub.add_parser("validate", help="gold patch must score 1.0 and the empty patch 0.0 on every task")
-    va.add_argument("--dataset", default="bundled", help="bundled, a .jsonl/.json/.parquet file or a Hub id")
-    va.add_argument("--split", default="train")
-    va.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
-    va.add_argument("--limit", type=int, default=None)
-    va.set_defaults(func=cmd_validate)
-    r = sub.add_parser("rollout", help="run N rollouts in this process (no server), one JSON result per line")
+    r = sub.add_parser("rollout", help="N rollouts in this process (no server), one JSON result per line")
     r.add_argument("-n", type=int, default=1)
     r.add_argument("--split", default="bundled")
     r.add_argument("--index", type=int, help="task index (default: task i for rollout i)")
@@ -446,12 +433,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--engine-model")
     r.add_argument("--out", help="write JSONL here instead of stdout")
     r.set_defaults(func=cmd_rollout)
-    x = sub.add_parser("export", help="write stored rollout results as JSONL (and optionally to a Hub dataset)")
-    x.add_argument("--out", required=True)
-    x.add_argument("--to-hub", metavar="REPO", help="also upload to this Hub dataset repo (token: $HF_TOKEN)")
-    x.add_argument("--only-ok", action="store_true", help="skip rollouts with ok=false")
-    x.set_defaults(func=cmd_export)
-    b = sub.add_parser("bench", help="benchmarks against a baseline in the same run (JSON with --json)")
+    i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
+    i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")
+    i.set_defaults(func=cmd_info)
+    c = sub.add_parser("config", help="every setting (SWE_GYM_*) with its value and where it came from")
+    c.add_argument("--json", action="store_true", help="one JSON document")
+    c.add_argument("--markdown", action="store_true", help="the reference page docs/configuration.md")
+    c.set_defaults(func=cmd_config)
+    va = sub.add_parser("validate", help="check a dataset: gold patch scores 1.0, the empty patch 0.0, on every task")
+    va.add_argument("--dataset", default="bundled", help="bundled, a .jsonl/.json/.parquet file or a Hub id")
+    va.add_argument("--split", default="train")
+    va.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
+    va.add_argument("--limit", type=int, default=None)
+    va.set_defaults(func=cmd_validate)
+    b = sub.add_parser("bench", help="benchmarks, each against a baseline measured in the same run")
     bsub = b.add_subparsers(dest="bench", required=True)
     for name, what in BENCHES.items():
         bp = bsub.add_parser(name, help=what)
@@ -467,14 +462,90 @@ def main(argv: list[str] | None = None) -> int:
         if name == "soak":
             bp.add_argument("--minutes", type=float, help="how long to keep starting rollouts (30)")
     b.set_defaults(func=cmd_bench)
-    i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
-    i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")
-    i.set_defaults(func=cmd_info)
+    ps = sub.add_parser("push", help="deploy: create or update a Hugging Face Space running this server")
+    ps.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
+    ps.add_argument("--dry-run", action="store_true", help="print exactly what would be sent (secrets redacted)")
+    ps.add_argument("--hardware", help="Space hardware, e.g. cpu-upgrade, t4-small, a10g-small")
+    ps.add_argument("--private", action="store_true", help="a private Space (refused with --hf-sandboxes)")
+    ps.add_argument("--hf-sandboxes", action="store_true", help="rollouts in HF Sandboxes: sends an HF token secret")
+    ps.add_argument("--open", action="store_true", help="no access token: anyone may start rollouts")
+    ps.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="a Space variable (repeatable)")
+    ps.add_argument(
+        "--root",
+        type=Path,
+        help=f"the checkout to upload (default ${procs.CHECKOUT_ENV}, else the current directory or a parent of it)",
+    )
+    ps.set_defaults(func=cmd_push)
+    s = sub.add_parser(
+        "setup",
+        help="install what the demo needs now (--harness X, --all: more); the rest installs on first use",
+        description="prepare the tokenizer, the task runtime and Pi, the demo's agent (idempotent); other harnesses "
+        "and the pypi split are installed on first use, or here with --harness / --all",
+    )
+    s.add_argument(
+        "--harness",
+        action="append",
+        choices=[*HARNESSES, "all"],
+        help="this harness instead of Pi (repeatable; `all`: every harness)",
+    )
+    s.add_argument("--all", action="store_true", help="every harness, and the pypi split with its task venvs")
+    s.set_defaults(func=cmd_setup)
+    e = sub.add_parser("engine", help="the built-in vLLM-compatible engine alone (NOT a model: scripted replies)")
+    e.add_argument("--host", default="127.0.0.1")
+    e.add_argument("--port", type=int, default=8001)
+    e.add_argument("--policy", default="oracle", help="oracle | noop | script:FILE")
+    e.add_argument("--served-model-name", default=DEFAULT_MODEL)
+    e.add_argument(
+        "--delay-s",
+        type=float,
+        default=None,
+        help="wait this long before each reply (default $SWE_GYM_ENGINE_DELAY_S or 0)",
+    )
+    e.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context length the engine enforces (default $SWE_GYM_ENGINE_MAX_MODEL_LEN or SmolLM2's 8192)",
+    )
+    e.add_argument(
+        "--capture-level",
+        choices=["tokens", "logprobs", "text"],
+        default="tokens",
+        help="answer like an engine that returns less (ids off, or ids and logprobs off): for certification tests",
+    )
+    e.set_defaults(func=cmd_engine)
+    x = sub.add_parser("export", help="stored rollout results as JSONL (and to a Hub dataset)")
+    x.add_argument("--out", required=True)
+    x.add_argument("--to-hub", metavar="REPO", help="also upload to this Hub dataset repo (token: $HF_TOKEN)")
+    x.add_argument("--only-ok", action="store_true", help="skip rollouts with ok=false")
+    x.set_defaults(func=cmd_export)
     sub.add_parser("parity", add_help=False, help="trainer-side logprob parity of captured turns (see --help)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    p = build_parser()
+    if not argv:  # no command: the first screen
+        p.print_help()
+        print("\nfirst steps, in a checkout:\n" + "\n".join(f"  {c}" for c in FIRST_STEPS))
+        return 0
+    helping = any(a in ("-h", "--help") for a in argv[:2])
+    if argv[0] != "config" and not helping:
+        from swe_gym_env.settings import SettingsError, startup
+
+        try:  # once, before anything starts: a bad value stops here, naming the variable
+            startup()
+        except SettingsError as e:
+            for line in str(e).splitlines():
+                print(f"swe-gym-env: bad setting {line}", file=sys.stderr)
+            return 2
     if argv[:1] == ["parity"]:  # its options live in client/parity.py, which may run in the trainer venv
         return cmd_parity(argv[1:])
     args = p.parse_args(argv)
+    if args.command is None:
+        p.print_help()
+        return 0
     return args.func(args)
 
 

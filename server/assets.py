@@ -17,6 +17,8 @@ from contextlib import ExitStack
 from importlib.resources import as_file, files
 from pathlib import Path
 
+from swe_gym_env.settings import setting
+
 _extracted = ExitStack()  # package files copied out of a zipped install live until the process exits
 atexit.register(_extracted.close)
 
@@ -37,7 +39,7 @@ class AssetMissing(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SWE_GYM_ENV_HOME") or os.path.join(
+    root = setting("env_home") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swe_gym_env"
     )
     return Path(root)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -31,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from swe_gym_env.settings import setting
 
 if TYPE_CHECKING:
     from swe_gym_env.server.capture.store import CaptureStore
@@ -50,16 +51,6 @@ def parse_bytes(raw: str) -> int:
     return int(value * _UNITS[unit])
 
 
-def _env(name: str, default: float, parse: Callable[[str], float] = float) -> Any:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return parse(raw)
-    except ValueError as e:
-        raise ValueError(f"{name}={raw[:20]!r}: {e}") from e
-
-
 @dataclass(frozen=True)
 class RetentionSettings:
     max_age_s: float = 7 * 24 * 3600.0
@@ -71,14 +62,14 @@ class RetentionSettings:
 
     @classmethod
     def from_env(cls) -> RetentionSettings:
-        d = cls()
+        s = setting  # SWE_GYM_RETENTION_* (swe_gym_env/settings.py); a bad value names its variable
         return cls(
-            max_age_s=_env("SWE_GYM_RETENTION_MAX_AGE_H", d.max_age_s / 3600) * 3600,
-            results_max_bytes=_env("SWE_GYM_RETENTION_RESULTS_BYTES", d.results_max_bytes, parse_bytes),
-            capture_max_bytes=_env("SWE_GYM_RETENTION_CAPTURE_BYTES", d.capture_max_bytes, parse_bytes),
-            min_free_bytes=_env("SWE_GYM_RETENTION_MIN_FREE_BYTES", d.min_free_bytes, parse_bytes),
-            grace_s=_env("SWE_GYM_RETENTION_GRACE_S", d.grace_s),
-            interval_s=max(1.0, _env("SWE_GYM_RETENTION_INTERVAL_S", d.interval_s)),
+            max_age_s=s("retention_max_age_h") * 3600,
+            results_max_bytes=s("retention_results_bytes"),
+            capture_max_bytes=s("retention_capture_bytes"),
+            min_free_bytes=s("retention_min_free_bytes"),
+            grace_s=s("retention_grace_s"),
+            interval_s=max(1.0, s("retention_interval_s")),
         )
 
 

@@ -10,6 +10,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from swe_gym_env.settings import setting
+
 
 def owned_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
@@ -32,7 +34,7 @@ INCARNATION = uuid.uuid4().hex[:12]  # this server process; sandboxes of other i
 def server_id() -> str:
     """This server's id, persisted in the cache dir (or SWE_GYM_SERVER_ID), so it survives a restart: every
     sandbox carries it as a label and a restarted server finds and reaps what the killed one left."""
-    env = os.environ.get("SWE_GYM_SERVER_ID")
+    env = setting("server_id")
     if env:
         return env
     from swe_gym_env.server.assets import cache_dir

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swe_gym_env import procs
+from swe_gym_env.settings import setting
 
 CAPTURE_FLAGS = ["--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs", "--enable-auto-tool-choice"]
 VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -49,28 +50,34 @@ class VllmOptions:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    p.add_argument("--vllm-model", default=env("SWE_GYM_VLLM_MODEL") or None, help="start vLLM with this model")
-    p.add_argument("--vllm-served-name", default=env("SWE_GYM_VLLM_SERVED_NAME") or None)
-    p.add_argument("--vllm-tool-parser", default=env("SWE_GYM_VLLM_TOOL_PARSER") or "hermes")
-    p.add_argument("--vllm-chat-template", default=env("SWE_GYM_VLLM_CHAT_TEMPLATE") or None)
-    p.add_argument("--vllm-args", default=env("SWE_GYM_VLLM_ARGS", ""), help="more vLLM flags, one shell-quoted string")
-    p.add_argument("--vllm-startup-timeout", type=float, default=float(env("SWE_GYM_VLLM_STARTUP_TIMEOUT_S", "1800")))
+    """The --vllm-* options of `serve`; each unset one is taken from its setting (SWE_GYM_VLLM_*) when used."""
+    p.add_argument("--vllm-model", help="start vLLM with this model (default $SWE_GYM_VLLM_MODEL)")
+    p.add_argument("--vllm-served-name", help="default $SWE_GYM_VLLM_SERVED_NAME, else the model")
+    p.add_argument("--vllm-tool-parser", help="default $SWE_GYM_VLLM_TOOL_PARSER, else hermes")
+    p.add_argument("--vllm-chat-template", help="default $SWE_GYM_VLLM_CHAT_TEMPLATE")
+    p.add_argument("--vllm-args", help="more vLLM flags, one shell-quoted string (default $SWE_GYM_VLLM_ARGS)")
+    p.add_argument("--vllm-startup-timeout", type=float, help="default $SWE_GYM_VLLM_STARTUP_TIMEOUT_S, else 1800")
+
+
+def _model(args: argparse.Namespace) -> str | None:
+    return getattr(args, "vllm_model", None) or setting("vllm_model")
 
 
 def options_from_args(args: argparse.Namespace) -> VllmOptions:
+    timeout = getattr(args, "vllm_startup_timeout", None)
     return VllmOptions(
-        model=args.vllm_model,
-        served_name=args.vllm_served_name,
-        tool_parser=args.vllm_tool_parser,
-        chat_template=args.vllm_chat_template,
-        extra_args=shlex.split(args.vllm_args or ""),
-        startup_timeout_s=args.vllm_startup_timeout,
+        model=_model(args) or "",
+        served_name=getattr(args, "vllm_served_name", None) or setting("vllm_served_name"),
+        tool_parser=getattr(args, "vllm_tool_parser", None) or setting("vllm_tool_parser"),
+        chat_template=getattr(args, "vllm_chat_template", None) or setting("vllm_chat_template"),
+        extra_args=shlex.split(getattr(args, "vllm_args", None) or setting("vllm_args")),
+        startup_timeout_s=timeout if timeout is not None else setting("vllm_startup_timeout_s"),
     )
 
 
 def vllm_python(explicit: str | None = None) -> str:
-    if explicit or (explicit := os.environ.get("SWE_GYM_VLLM_PYTHON")):
+    configured = setting("vllm_python")
+    if explicit or (explicit := str(configured) if configured else None):
         if not os.access(explicit, os.X_OK):
             raise VllmLaunchError(
                 f"SWE_GYM_VLLM_PYTHON={explicit} is not an executable (on a Space: set the variable "
@@ -149,7 +156,7 @@ def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
 @contextlib.contextmanager
 def vllm_engine(args: argparse.Namespace) -> Iterator[None]:
     """For `serve`: when --vllm-model is set, run vLLM and make it the default engine while the server runs."""
-    if not args.vllm_model:
+    if not _model(args):
         yield
         return
     opts = options_from_args(args)

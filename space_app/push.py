@@ -31,16 +31,25 @@ from pathlib import Path
 from typing import Any
 
 from swe_gym_env import procs
+from swe_gym_env.settings import describe, secret_names
 
 REPO_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$"
 
-# Space secrets: name on the Space -> where it comes from in this process's environment, and what it is for.
-SECRETS: dict[str, tuple[tuple[str, ...], str]] = {
-    "SWE_GYM_ACCESS_TOKEN": (("SWE_GYM_ACCESS_TOKEN",), "needed to start work (run_rollout, /ws, UI runs)"),
-    "SWE_GYM_ADMIN_KEY": (("SWE_GYM_ADMIN_KEY",), "admin routes"),
-    "SWE_GYM_ENGINE_API_KEY": (("SWE_GYM_ENGINE_API_KEY",), "the default engine's API key"),
+# Space secrets: name on the Space -> where it comes from in this process's environment, and what it is for: every
+# secret of the settings model (swe_gym_env/settings.py) the server reads (SWE_GYM_SPACE_HF_TOKEN is push's own: it
+# becomes the Space's HF_TOKEN, below).
+_SPACE_HF_TOKEN = "SWE_GYM_SPACE_HF_TOKEN"
+_ON_THE_SPACE = {  # the description the Space shows beside the secret (else the setting's own)
+    "SWE_GYM_ACCESS_TOKEN": "needed to start work (run_rollout, /ws, UI runs)",
+    "SWE_GYM_ADMIN_KEY": "admin routes",
+    "SWE_GYM_ENGINE_API_KEY": "the default engine's API key",
 }
-HF_SANDBOX_SECRET = ("HF_TOKEN", ("SWE_GYM_SPACE_HF_TOKEN", "HF_TOKEN"), "creates HF Sandboxes (billable)")
+SECRETS: dict[str, tuple[tuple[str, ...], str]] = {
+    r["name"]: ((r["name"],), _ON_THE_SPACE.get(r["name"]) or str(r["description"]))
+    for r in sorted(describe(), key=lambda r: r["name"])
+    if r["secret"] and r["name"] != _SPACE_HF_TOKEN
+}
+HF_SANDBOX_SECRET = ("HF_TOKEN", (_SPACE_HF_TOKEN, "HF_TOKEN"), "creates HF Sandboxes (billable)")
 # Space variables taken from the environment when set (plain configuration, visible to anyone who can see them).
 VARIABLES = (
     "SWE_GYM_ENGINE_URL",
@@ -51,6 +60,7 @@ VARIABLES = (
     "SWE_GYM_MAX_REQUEST_BYTES",
     "SWE_GYM_VLLM_MODEL",
     "SWE_GYM_VLLM_TOOL_PARSER",
+    "SWE_GYM_PUBLIC_READS",  # 1: rollouts readable without the access token (server/security.py)
 )
 OPEN_VARIABLE = "SWE_GYM_OPEN_ACCESS"  # `--open`: a Space with no secret is open on purpose, not locked
 SECRET_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -130,7 +140,8 @@ def _parse_vars(pairs: list[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key.replace("_", "").isalnum() or not key[0].isalpha():
             raise PushError(f"--var needs KEY=VALUE with a plain KEY, got {pair.split('=')[0]!r}")
-        if key in SECRETS or key == HF_SANDBOX_SECRET[0] or any(h in key.upper() for h in SECRET_HINTS):
+        secret = key in SECRETS or key in secret_names() or key == HF_SANDBOX_SECRET[0]
+        if secret or any(h in key.upper() for h in SECRET_HINTS):
             raise PushError(
                 f"{key} looks like a credential: credentials never go on the command line (visible in `ps` and "
                 f"shell history); export it in the environment and push sends it as a Space secret"

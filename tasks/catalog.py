@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 
+from swe_gym_env.settings import setting
 from swe_gym_env.tasks.loaders import LoadReport, load_tasks
 from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import TaskPage
@@ -91,7 +91,7 @@ def dataset_split(source: str, split: str = "train") -> LoadReport:
 def extra_sources() -> dict[str, tuple[str, str]]:
     """SWE_GYM_DATASETS="name=SOURCE[@split],…" registers more splits (local files or Hub ids)."""
     out: dict[str, tuple[str, str]] = {}
-    for item in filter(None, (s.strip() for s in os.environ.get("SWE_GYM_DATASETS", "").split(","))):
+    for item in filter(None, (s.strip() for s in setting("datasets").split(","))):
         name, _, spec = item.partition("=")
         source, _, split = spec.partition("@")
         out[name.strip()] = (source.strip(), split.strip() or "train")

@@ -33,6 +33,7 @@ from swe_gym_env.procs import file_lock
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AgentError, Harness
 from swe_gym_env.server.agents.bundle import Bundle, build_bundle, bundles_dir, ensure_bundle, find_bundle
+from swe_gym_env.settings import setting
 
 INSTALL_ON_USE_ENV = "SWE_GYM_INSTALL_ON_USE"  # "0" / "false" / "no" / "off": never install on first use
 SETUP_ALL = "swe-gym-env setup --all"
@@ -43,7 +44,7 @@ _locks_guard = threading.Lock()
 
 def install_on_use_from_env() -> bool:
     """Whether this server may install what a rollout needs on first use ($SWE_GYM_INSTALL_ON_USE, default yes)."""
-    return os.environ.get(INSTALL_ON_USE_ENV, "1").strip().lower() not in _OFF
+    return setting("install_on_use")  # INSTALL_ON_USE_ENV
 
 
 def setup_command(name: str) -> str:

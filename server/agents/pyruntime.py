@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swe_gym_env.server.agents.base import AgentError
+from swe_gym_env.settings import setting
 
 FORMAT = 1  # how the runtime is laid out and pruned: a change here rebuilds the bundles that carry one
 SOURCE_ENV = "SWE_GYM_AGENT_PYTHON"
@@ -71,7 +72,8 @@ def python_command(root: str, version: str = VERSION) -> str:
 def source_python() -> str:
     """The interpreter the runtime is copied from: $SWE_GYM_AGENT_PYTHON, else Debian's python3.11, else the first
     python3.11 on PATH (python:3.11-slim's /usr/local/bin/python3.11, the Space image's base), else this one."""
-    found = os.environ.get(SOURCE_ENV) or (DEFAULT_SOURCE if os.path.isfile(DEFAULT_SOURCE) else None)
+    configured = setting("agent_python")  # SOURCE_ENV
+    found = str(configured) if configured else (DEFAULT_SOURCE if os.path.isfile(DEFAULT_SOURCE) else None)
     return found or shutil.which(f"python{VERSION}") or sys.executable
 
 
@@ -326,7 +328,7 @@ def fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
     ):
         d.mkdir(parents=True, exist_ok=True)
     (state / "status").touch()
-    mirror = os.environ.get(DEBIAN_MIRROR_ENV) or DEBIAN_MIRROR
+    mirror = setting("debian_mirror")  # DEBIAN_MIRROR_ENV, default DEBIAN_MIRROR
     (etc / "sources.list").write_text(f"deb [signed-by={DEBIAN_KEYRING}] {mirror} {source.suite} main\n")
     conf = base / "apt.conf"
     conf.write_text(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
 import orjson
+
+from swe_gym_env.settings import setting
 
 STALE_RETRIES = 3  # a request on a kept-alive connection the engine had closed is sent again, this many times at most
 
@@ -177,7 +178,7 @@ UPSTREAMS = {"aiohttp": AiohttpUpstream, "httpx": HttpxUpstream}
 
 
 def make_upstream(name: str | None = None) -> Upstream:
-    name = name or os.environ.get("SWE_GYM_UPSTREAM", "aiohttp")
+    name = name or setting("upstream")  # SWE_GYM_UPSTREAM
     if name not in UPSTREAMS:
         raise ValueError(f"unknown upstream client {name!r}; known: {sorted(UPSTREAMS)}")
     return UPSTREAMS[name]()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from swe_gym_env.procs import free_port
+from swe_gym_env.settings import setting
 
 BUILTIN_ENGINE_ENV = "SWE_GYM_BUILTIN_ENGINE"  # set while the built-in engine is the default engine: its policy
 START_TIMEOUT_S = 60.0
@@ -51,7 +52,7 @@ def builtin_unless_configured(served_model: str, log: Callable[[str], None]) -> 
 
     policy = make_policy("oracle")
     context = max(8192, *(cls.min_context_tokens for cls in HARNESSES.values()))  # room for every harness
-    delay = float(os.environ.get("SWE_GYM_ENGINE_DELAY_S", "0"))  # to watch a rollout unfold (UI tests, demos)
+    delay = setting("engine_delay_s")  # SWE_GYM_ENGINE_DELAY_S: to watch a rollout unfold (UI tests, demos)
     engine = Engine(ChatRenderer(tokenizer_file()), policy, served_model, max_model_len=context, delay_s=delay)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_engine_app(engine), host="127.0.0.1", port=port, log_level="warning"))

@@ -16,7 +16,6 @@ The SDK is imported on first use; the calls and arguments are pinned by tests/te
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from swe_gym_env.server.sandbox.base import (
 )
 from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
 from swe_gym_env.server.tempdirs import owner_dead, server_id
+from swe_gym_env.settings import setting
 
 
 def _sdk():
@@ -42,8 +42,7 @@ def _sdk():
 
 
 def template_for(image: str) -> str:
-    table = json.loads(os.environ.get("SWE_GYM_E2B_TEMPLATES") or "{}")
-    return table.get(image, image)
+    return setting("e2b_templates").get(image, image)  # SWE_GYM_E2B_TEMPLATES
 
 
 def preflight() -> tuple[bool, str]:
@@ -53,7 +52,7 @@ def preflight() -> tuple[bool, str]:
         return False, str(e)
     if not os.environ.get("E2B_API_KEY"):
         return False, "no E2B credentials: set E2B_API_KEY"
-    if not os.environ.get("SWE_GYM_PUBLIC_URL"):
+    if not setting("public_url"):
         return False, "SWE_GYM_PUBLIC_URL is not set: E2B sandboxes reach /capture at the server's public URL"
     return True, "e2b SDK; E2B_API_KEY present"
 
@@ -84,7 +83,7 @@ class E2BSandbox(SandboxBase):
     def __init__(self, spec: SandboxSpec, sbx) -> None:
         super().__init__(spec)
         self.sbx = sbx
-        url = spec.capture_url or os.environ.get("SWE_GYM_PUBLIC_URL")
+        url = spec.capture_url or setting("public_url")
         self.capture_base_url = f"{url.rstrip('/')}/capture" if url else None
 
     @classmethod

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from swe_gym_env.server.sandbox.base import (
 from swe_gym_env.server.sandbox.errors import SandboxGone
 from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
 from swe_gym_env.server.tempdirs import owner_dead, server_id
+from swe_gym_env.settings import setting
 
 SHORT_TIMEOUT = 60
 CALL_TIMEOUT = 90.0  # over the SDK's own 60 s request timeout: past it the job is looked up and named
@@ -66,7 +66,7 @@ def _labels(spec_labels: dict[str, str]) -> dict[str, str]:
 
 
 def public_url() -> str | None:
-    return os.environ.get("SWE_GYM_PUBLIC_URL") or None
+    return setting("public_url")  # SWE_GYM_PUBLIC_URL
 
 
 async def in_thread(fn, *args, limit: float = CALL_TIMEOUT, **kwargs) -> Any:

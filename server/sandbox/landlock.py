@@ -77,6 +77,7 @@ from swe_gym_env.server.sandbox.base import (
 from swe_gym_env.server.sandbox.local import ETC_FILES, JOIN_CGROUPS, RUNTIME_MOUNT, LocalSandbox
 from swe_gym_env.server.tempdirs import owned_dir
 from swe_gym_env.server.tempdirs import reap_orphans as reap_dirs
+from swe_gym_env.settings import setting
 
 CONFINE = package_file("swe_gym_env.server.sandbox", "confine.py")
 DIR_PREFIX = "swe-gym-ll-"
@@ -142,7 +143,7 @@ def probe() -> dict:
 
 
 def partial_allowed() -> bool:
-    return os.environ.get(PARTIAL_ENV, "").lower() in ("1", "true", "yes")
+    return setting("landlock_partial")  # PARTIAL_ENV
 
 
 def preflight() -> tuple[bool, str]:
@@ -236,7 +237,7 @@ class LandlockSandbox(LocalSandbox):
         self._relay_next = False
 
     def _check_grants(self) -> None:
-        data = Path(os.environ.get("SWE_GYM_DATA_DIR") or cache_dir()).resolve()
+        data = Path(setting("data_dir") or cache_dir()).resolve()
         secrets = [data / "results", data / "capture.sqlite", cache_dir().resolve() / "capture.sqlite"]
         tmp = Path(tempfile.gettempdir()).resolve()
         for g in self.ro + self.rw:

@@ -31,6 +31,7 @@ from pathlib import Path
 from swe_gym_env.server.assets import cache_dir
 from swe_gym_env.server.sandbox.errors import SandboxError
 from swe_gym_env.server.tempdirs import HOST, owner_dead
+from swe_gym_env.settings import setting
 
 SCHEMA = 1  # bump when the way a pristine tree is prepared changes
 READY = ".swe-gym-pristine"  # marker in <key>/, next to testbed/
@@ -45,7 +46,7 @@ def root() -> Path:
 
 def max_trees() -> int:
     """How many pristine trees to keep (`SWE_GYM_PRISTINE_MAX`, default 64; 0: none, a clone per sandbox)."""
-    return max(0, int(os.environ.get("SWE_GYM_PRISTINE_MAX", "64")))
+    return setting("pristine_max")
 
 
 def cacheable(source: str, base_commit: str, strip_history: bool) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import shlex
 import time
 import uuid
@@ -16,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from swe_gym_env.server.sandbox.base import ExecResult, clip
 from swe_gym_env.server.sandbox.errors import SandboxGone
+from swe_gym_env.settings import setting
 
 STATE_DIR = "/tmp/.swe-gym"
 POLL_S = 1.0  # the longest wait between polls; the first comes after FIRST_POLL_S, doubling up to it
@@ -29,11 +29,7 @@ def own_timeout_s(deadline_s: float) -> int:
     """A cloud sandbox's own limit (HF idle timeout, E2B lifetime): the rollout's deadline, at least a minute (the
     floor is ``SWE_GYM_REMOTE_TIMEOUT_FLOOR_S``, 60 by default, 1 at least), so a sandbox whose server is gone shuts
     itself down within one deadline."""
-    raw = os.environ.get(OWN_TIMEOUT_FLOOR_ENV, "60")
-    try:
-        floor = max(1, int(raw))
-    except ValueError:
-        raise ValueError(f"{OWN_TIMEOUT_FLOOR_ENV}={raw!r} is not a whole number of seconds") from None
+    floor = max(1, setting("remote_timeout_floor_s"))  # OWN_TIMEOUT_FLOOR_ENV; a bad value names it
     return max(floor, math.ceil(deadline_s))
 
 

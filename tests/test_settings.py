@@ -1,0 +1,260 @@
+"""The one settings model (swe_gym_env/settings.py): every SWE_GYM_* name the code uses is in it (or internal), bad
+values stop the CLI before anything starts, misspelt names warn, `swe-gym-env config` tells values and sources and
+never shows a secret, docs/configuration.md is what the generator prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from swe_gym_env import settings as S
+from swe_gym_env.server.retention import parse_bytes
+from swe_gym_env.space_app import push
+
+REPO = Path(__file__).resolve().parent.parent
+ME = [sys.executable, "-m", "swe_gym_env.cli"]
+SKIP_DIRS = {".venv", ".vllm-venv", ".openenv-venv", ".trl-venv", "tests", "docs", ".git", "node_modules", "artifacts"}
+SUFFIXES = {".py", ".sh", ".toml", ".yaml", ".yml", ".html", ".js", ".mjs", ".jinja", ".cfg"}
+NAME = re.compile(r"SWE_GYM_[A-Z0-9_]*[A-Z0-9_]")
+
+
+def code_files() -> list[Path]:
+    out = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        for f in files:
+            p = Path(root, f)
+            if p.suffix in SUFFIXES or p.name in ("Dockerfile",) or p.name.endswith(".Dockerfile"):
+                out.append(p)
+    return out
+
+
+def names_in_code() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for p in code_files():
+        for name in NAME.findall(p.read_text(errors="replace")):
+            found.setdefault(name, set()).add(str(p.relative_to(REPO)))
+    return found
+
+
+def test_every_swe_gym_name_in_the_code_is_a_setting_internal_or_a_marker():
+    found = names_in_code()
+    assert len(found) >= 60, sorted(found)  # the scan sees the code (settings, families, internals, markers)
+    known = S.known_names()
+    unknown = {}
+    for name, where in found.items():
+        if name in known:
+            continue
+        if name.endswith("_") and any(k.startswith(name) for k in known):  # a prefix: names built at run time
+            continue
+        unknown[name] = sorted(where)
+    assert not unknown, f"SWE_GYM_* names the settings model does not know (add them to settings.py): {unknown}"
+
+
+def test_families_are_built_from_the_backend_list():
+    from swe_gym_env.names import SANDBOXES
+
+    assert set(S.FAMILIES) == {f"SWE_GYM_MAX_ROLLOUTS_{b.upper().replace('-', '_')}" for b in SANDBOXES}
+    s = S.build({"SWE_GYM_MAX_ROLLOUTS": "3", "SWE_GYM_MAX_ROLLOUTS_HF_POOL": "16"})
+    assert s.max_rollouts_for("hf-pool") == 16 and s.max_rollouts_for("local") == 3
+    with pytest.raises(S.SettingsError, match=r"SWE_GYM_MAX_ROLLOUTS_DOCKER='0': a positive integer"):
+        S.build({"SWE_GYM_MAX_ROLLOUTS_DOCKER": "0"})
+
+
+def test_configuration_page_is_the_generators_output_and_names_every_name():
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert page == S.markdown(), "docs/configuration.md is stale: run `swe-gym-env config --markdown`"
+    for name in [*S.setting_names(), *S.FAMILIES, *S.INTERNAL, *S.MARKERS]:
+        assert f"`{name}`" in page, name
+    for name in names_in_code():  # every name the code uses, settings and internal ones alike
+        assert name in page or name.endswith("_"), name
+
+
+def test_cli_writes_the_same_page():
+    out = subprocess.run([*ME, "config", "--markdown"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == S.markdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        ({"SWE_GYM_CONTEXT_WINDOW": "abc"}, "SWE_GYM_CONTEXT_WINDOW='abc': Input should be a valid integer"),
+        ({"SWE_GYM_CONTEXT_WINDOW": "0"}, "SWE_GYM_CONTEXT_WINDOW='0': Input should be greater than 0"),
+        ({"SWE_GYM_RETENTION_CAPTURE_BYTES": "lots"}, "SWE_GYM_RETENTION_CAPTURE_BYTES='lots': a size in bytes"),
+        ({"SWE_GYM_UI": "maybe"}, "SWE_GYM_UI='maybe': a flag is needed"),
+        ({"SWE_GYM_UPSTREAM": "curl"}, "SWE_GYM_UPSTREAM='curl': Input should be 'aiohttp' or 'httpx'"),
+        ({"SWE_GYM_E2B_TEMPLATES": "{x"}, "SWE_GYM_E2B_TEMPLATES='{x': a JSON object is needed"),
+        ({"SWE_GYM_HF_POOL_IDLE_TIMEOUT_S": "5"}, "SWE_GYM_HF_POOL_IDLE_TIMEOUT_S='5': Input should be greater"),
+    ],
+)
+def test_a_bad_value_names_the_variable_the_value_and_what_is_expected(env, line):
+    with pytest.raises(S.SettingsError) as e:
+        S.build(env)
+    assert str(e.value).startswith(line), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_every_bad_value_is_reported_at_once_and_a_secret_is_never_echoed():
+    with pytest.raises(S.SettingsError) as e:
+        S.build({"SWE_GYM_CONTEXT_WINDOW": "x", "SWE_GYM_PRISTINE_MAX": "-1", "SWE_GYM_MAX_ROLLOUTS_HF": "y"})
+    assert len(str(e.value).splitlines()) == 3
+    assert S.secret_names() == {
+        "SWE_GYM_ACCESS_TOKEN",
+        "SWE_GYM_ADMIN_KEY",
+        "SWE_GYM_ENGINE_API_KEY",
+        "SWE_GYM_SPACE_HF_TOKEN",
+    }
+
+
+def test_empty_values_mean_unset_and_defaults_match_the_code():
+    s = S.build({"SWE_GYM_CONTEXT_WINDOW": "", "SWE_GYM_ENGINE_URL": ""})
+    assert s.context_window == 8192 and s.engine_url is None
+    assert s.max_rollouts == 8 and s.retention_min_free_bytes == 2 * 1024**3 and s.ui is True
+    from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
+    from swe_gym_env.server.retention import RetentionSettings
+
+    d = RetentionSettings()
+    assert (s.result_cache_items, s.result_cache_bytes) == (CACHE_ITEMS, CACHE_BYTES)
+    assert (s.retention_results_bytes, s.retention_capture_bytes) == (d.results_max_bytes, d.capture_max_bytes)
+    assert (s.retention_grace_s, s.retention_interval_s, s.retention_max_age_h * 3600) == (
+        d.grace_s,
+        d.interval_s,
+        d.max_age_s,
+    )
+
+
+@given(
+    st.floats(min_value=0, max_value=4096, allow_nan=False).map(lambda v: round(v, 2)),
+    st.sampled_from(["", "K", "M", "G", "T", "k", "MiB", "GB", "g"]),
+)
+def test_sizes_parse_as_the_retention_code_reads_them(value, unit):
+    raw = f"{value}{unit}"
+    assert S.parse_size(raw) == parse_bytes(raw)
+
+
+def test_unknown_names_warn_with_the_closest_setting():
+    warnings = S.unknown_warnings(
+        {"SWE_GYM_MAX_ROLOUTS": "4", "SWE_GYM_MAX_ROLLOUTS_HFPOOL": "2", "SWE_GYM_GUARD": "/x", "SWE_GYM_UI": "0"}
+    )
+    assert len(warnings) == 2, warnings
+    assert "SWE_GYM_MAX_ROLOUTS" in warnings[1] and warnings[1].endswith("did you mean SWE_GYM_MAX_ROLLOUTS?")
+    assert warnings[0].endswith("did you mean SWE_GYM_MAX_ROLLOUTS_HF_POOL?")
+    assert S.unknown_warnings({"SWE_GYM_PTYS": "1:2", "SWE_GYM_PATCH_EOF": "x"}) == []  # internal, marker
+
+
+def test_current_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS", "3")
+    assert S.current().max_rollouts == 3
+    monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS", "5")
+    assert S.current().max_rollouts == 5
+    monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS", "nope")
+    with pytest.raises(S.SettingsError, match="SWE_GYM_MAX_ROLLOUTS='nope'"):
+        S.current()
+
+
+def test_push_tells_secrets_from_variables_with_the_model():
+    assert set(push.SECRETS) == S.secret_names() - {"SWE_GYM_SPACE_HF_TOKEN"}
+    assert push.HF_SANDBOX_SECRET[1][0] == "SWE_GYM_SPACE_HF_TOKEN"
+    names = S.setting_names()
+    for v in (*push.VARIABLES, push.OPEN_VARIABLE):
+        assert v in names and v not in S.secret_names(), v
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 60):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SWE_GYM_")}
+    return subprocess.run(
+        [*ME, *args], capture_output=True, text=True, timeout=timeout, env={**clean, **(env or {})}, cwd=cwd
+    )
+
+
+def test_serve_with_a_bad_value_fails_at_once_in_one_line():
+    t = time.monotonic()
+    out = cli("serve", "--port", "0", env={"SWE_GYM_CONTEXT_WINDOW": "abc"})
+    took = time.monotonic() - t
+    assert out.returncode == 2, out
+    lines = out.stderr.strip().splitlines()
+    assert lines == [
+        "swe-gym-env: bad setting SWE_GYM_CONTEXT_WINDOW='abc': Input should be a valid integer, unable to parse "
+        "string as an integer"
+    ], out.stderr
+    assert "Traceback" not in out.stderr and "sandbox" not in out.stderr  # before any probe
+    assert took < 30, took
+
+
+def test_a_misspelt_setting_warns_naming_the_right_one(tmp_path):
+    out = cli("config", env={"SWE_GYM_MAX_ROLOUTS": "4"}, cwd=tmp_path)
+    assert out.returncode == 0
+    assert "SWE_GYM_MAX_ROLOUTS" in out.stderr and "did you mean SWE_GYM_MAX_ROLLOUTS?" in out.stderr
+
+
+def test_config_shows_values_sources_and_only_whether_a_secret_is_set(tmp_path):
+    (tmp_path / ".env").write_text("SWE_GYM_MAX_ROLLOUTS=5\nSWE_GYM_ADMIN_KEY=adm-from-dotenv-XYZ\nOTHER=1\n")
+    env = {"SWE_GYM_ACCESS_TOKEN": "tok-SECRET-123", "SWE_GYM_CONTEXT_WINDOW": "32768", "SWE_GYM_MAX_ROLLOUTS_HF": "2"}
+    out = cli("config", "--json", env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "SECRET-123" not in out.stdout + out.stderr and "XYZ" not in out.stdout + out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)["settings"]}
+    assert set(S.setting_names()) <= set(rows)
+    assert (rows["SWE_GYM_CONTEXT_WINDOW"]["value"], rows["SWE_GYM_CONTEXT_WINDOW"]["source"]) == (32768, "environment")
+    assert (rows["SWE_GYM_MAX_ROLLOUTS"]["value"], rows["SWE_GYM_MAX_ROLLOUTS"]["source"]) == (5, ".env")
+    assert (rows["SWE_GYM_ACCESS_TOKEN"]["value"], rows["SWE_GYM_ACCESS_TOKEN"]["source"]) == ("set", "environment")
+    assert (rows["SWE_GYM_ADMIN_KEY"]["value"], rows["SWE_GYM_ADMIN_KEY"]["source"]) == ("set", ".env")
+    assert (rows["SWE_GYM_ENGINE_API_KEY"]["value"], rows["SWE_GYM_ENGINE_API_KEY"]["source"]) == ("unset", "default")
+    assert rows["SWE_GYM_MAX_ROLLOUTS_HF"]["value"] == 2
+    text = cli("config", env=env, cwd=tmp_path)
+    assert text.returncode == 0 and "SECRET-123" not in text.stdout
+    line = next(x for x in text.stdout.splitlines() if x.startswith("SWE_GYM_ACCESS_TOKEN "))
+    assert line.split()[1:] == ["set", "(environment)"]
+
+
+def test_startup_exports_dotenv_values_the_environment_wins(tmp_path, monkeypatch):
+    env_file = tmp_path / ".env"
+    env_file.write_text("SWE_GYM_MAX_ROLLOUTS=5\nSWE_GYM_STALL_TIMEOUT_S=7\n")
+    monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS", "2")
+    monkeypatch.delenv("SWE_GYM_STALL_TIMEOUT_S", raising=False)
+    seen: list[str] = []
+    s = S.startup(env_file=env_file, warn=seen.append)
+    assert s.max_rollouts == 2 and s.stall_timeout_s == 7.0
+    assert os.environ["SWE_GYM_STALL_TIMEOUT_S"] == "7" and os.environ["SWE_GYM_MAX_ROLLOUTS"] == "2"
+    monkeypatch.delenv("SWE_GYM_STALL_TIMEOUT_S")
+
+
+def test_help_lists_the_commands_in_a_newcomers_order_one_line_each():
+    out = cli("--help")
+    assert out.returncode == 0
+    order = "demo serve rollout info config validate bench push setup engine export parity".split()
+    lines = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("    ") and line.split()]
+    assert lines == order, out.stdout
+    bare = cli()
+    assert bare.returncode == 0 and bare.stdout.startswith(out.stdout)
+    assert "bash scripts/setup.sh && .venv/bin/swe-gym-env demo" in bare.stdout
+    assert "bash scripts/test.sh" in bare.stdout
+
+
+def test_one_setting_is_read_alone_so_a_bad_neighbour_fails_only_its_reader(monkeypatch):
+    from swe_gym_env.server.sandbox import hf, pristine
+
+    monkeypatch.setenv("SWE_GYM_HF_POOL_SANDBOXES_PER_HOST", "0")  # bad, but not what these read
+    monkeypatch.setenv("SWE_GYM_PUBLIC_URL", "https://space.example")
+    monkeypatch.setenv("SWE_GYM_PRISTINE_MAX", "3")
+    assert hf.public_url() == "https://space.example" and pristine.max_trees() == 3
+    monkeypatch.setenv("SWE_GYM_PRISTINE_MAX", "-1")
+    with pytest.raises(S.SettingsError, match=r"^SWE_GYM_PRISTINE_MAX='-1': Input should be greater than or equal"):
+        pristine.max_trees()
+    monkeypatch.delenv("SWE_GYM_PRISTINE_MAX")
+    assert pristine.max_trees() == 64 and S.setting("engine_api_key") is None
+    monkeypatch.setenv("SWE_GYM_ENGINE_API_KEY", "k-SECRET")
+    assert S.setting("engine_api_key").get_secret_value() == "k-SECRET"
+    assert "SECRET" not in repr(S.setting("engine_api_key"))
