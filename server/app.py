@@ -38,6 +38,7 @@ from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.server.sandbox.registry import reap_forever
 from swe_gym_env.server.security import BodySizeLimit, access_mode, bearer, lock_reason, read_mode, read_refusal
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
+from swe_gym_env.settings import setting
 from swe_gym_env.wire import RolloutStatus
 
 CAPTURE_DIR_PREFIX = "swe-gym-capture-"
@@ -223,7 +224,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     install_openenv_routes(app, mcp, service)
     app.add_middleware(BodySizeLimit)  # SWE_GYM_MAX_REQUEST_BYTES; websockets bound their own messages
     app.mount("/capture", capture.app(admin=True))
-    if os.environ.get("SWE_GYM_UI", "1") != "0":  # the Gradio UI at /web, and "/" redirecting there
+    if setting("ui"):  # the Gradio UI at /web, and "/" redirecting there (SWE_GYM_UI)
         from swe_gym_env.ui import mount_ui
 
         mount_ui(app, service)

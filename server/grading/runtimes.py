@@ -7,13 +7,15 @@ image and kind, however many rollouts wait for it) and sizes the model run's tim
 from __future__ import annotations
 
 import asyncio
-import os
 
 import swe_gym_env.server.grading.store as store
+from swe_gym_env.settings import setting
 from swe_gym_env.tasks.models import Task
 
-TIMEOUT_FLOOR_S = float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_FLOOR_S", "120"))
-TIMEOUT_MULTIPLE = float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_MULTIPLE", "5"))
+# None: the settings' SWE_GYM_GRADING_TIMEOUT_FLOOR_S / _MULTIPLE (120 s, 5), read when a timeout is sized; tests may
+# set a number here
+TIMEOUT_FLOOR_S: float | None = None
+TIMEOUT_MULTIPLE: float | None = None
 _RUNTIMES: dict[tuple, float] = {}  # (task, image, sandbox kind) -> the shortest complete test run seen, seconds
 _BASELINES: dict[tuple, str | None] = {}  # (task, image, kind) -> why the empty patch's run broke (None: it did not)
 _BASELINE_LOCKS: dict[tuple, asyncio.Lock] = {}  # one empty-patch run per task at a time, however many broke
@@ -91,7 +93,9 @@ def record_baseline(task: Task, cache_key: str, why: str | None) -> None:
 
 def measured_timeout(seen: float) -> float:
     """The timeout a run of a task whose complete run takes ``seen`` seconds gets: the multiple, at least the floor."""
-    return max(TIMEOUT_FLOOR_S, TIMEOUT_MULTIPLE * seen)
+    floor = TIMEOUT_FLOOR_S if TIMEOUT_FLOOR_S is not None else setting("grading_timeout_floor_s")
+    multiple = TIMEOUT_MULTIPLE if TIMEOUT_MULTIPLE is not None else setting("grading_timeout_multiple")
+    return max(floor, multiple * seen)
 
 
 def test_timeout(task: Task, timeout_s: float, cache_key: str = "") -> float:

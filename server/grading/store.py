@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swe_gym_env.procs import file_lock
+from swe_gym_env.settings import setting
 from swe_gym_env.tasks.models import Task
 
 VERSION = 1
@@ -31,7 +32,7 @@ def store_dir() -> Path:
         return STORE_DIR
     from swe_gym_env.server.assets import cache_dir
 
-    data = os.environ.get("SWE_GYM_DATA_DIR")
+    data = setting("data_dir")
     return (Path(data) if data else cache_dir()) / "grading"
 
 

@@ -19,8 +19,6 @@ record the caller of each request (`server.security.set_caller`).
 
 from __future__ import annotations
 
-import os
-
 from fastapi import FastAPI, WebSocket
 from fastmcp import FastMCP
 from starlette.types import ASGIApp
@@ -38,9 +36,9 @@ __all__ = ["ENV_NAME", "OpenEnvCompat", "OpenEnvMCPBridge", "Sessions", "install
 
 
 def _env_settings() -> tuple[float, int]:
-    idle = float(os.environ.get("SWE_GYM_OPENENV_SESSION_IDLE_S", "3600"))
-    cap = int(os.environ.get("SWE_GYM_OPENENV_MAX_SESSIONS", "4096"))
-    return idle, cap
+    from swe_gym_env.settings import setting
+
+    return setting("openenv_session_idle_s"), setting("openenv_max_sessions")
 
 
 def install_openenv_routes(

@@ -1,4 +1,5 @@
-"""Server configuration of the rollout service (engines, stores, limits), from the environment."""
+"""Server configuration of the rollout service (engines, stores, limits), from the settings model
+(`swe_gym_env.settings`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from swe_gym_env.names import SANDBOXES
 from swe_gym_env.server.capture import EngineTarget
 from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
-from swe_gym_env.server.retention import RetentionSettings, parse_bytes
+from swe_gym_env.server.retention import RetentionSettings
 from swe_gym_env.server.security import engine_allowlist
 
 
@@ -59,26 +60,28 @@ class ServerConfig:
         """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
         from swe_gym_env.server.agents.provision import install_on_use_from_env
         from swe_gym_env.server.assets import cache_dir
+        from swe_gym_env.settings import setting
 
+        key = setting("engine_api_key")
         engine = EngineTarget(
-            base_url=os.environ.get("SWE_GYM_ENGINE_URL", "http://127.0.0.1:8001/v1").rstrip("/"),
-            served_model=os.environ.get("SWE_GYM_ENGINE_MODEL", "smollm2-135m-instruct"),
-            api_key=os.environ.get("SWE_GYM_ENGINE_API_KEY") or None,
+            base_url=(setting("engine_url") or "http://127.0.0.1:8001/v1").rstrip("/"),
+            served_model=setting("engine_model"),
+            api_key=key.get_secret_value() if key is not None else None,
         )
-        data = os.environ.get("SWE_GYM_DATA_DIR")
+        data = setting("data_dir")
         return cls(
             engines={"default": engine},
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
-            context_window=int(os.environ.get("SWE_GYM_CONTEXT_WINDOW", "8192")),
-            grading_timeout_s=float(os.environ.get("SWE_GYM_GRADING_TIMEOUT_S", "300")),
-            canaries=os.environ.get("SWE_GYM_CANARIES", "1") != "0",
-            stall_timeout_s=float(os.environ.get("SWE_GYM_STALL_TIMEOUT_S", "60")),
-            max_failed_calls=int(os.environ.get("SWE_GYM_MAX_FAILED_CALLS", "5")),
+            context_window=setting("context_window"),
+            grading_timeout_s=setting("grading_timeout_s"),
+            canaries=setting("canaries"),
+            stall_timeout_s=setting("stall_timeout_s"),
+            max_failed_calls=setting("max_failed_calls"),
             capture_db=(Path(data) if data else cache_dir()) / "capture.sqlite",
             concurrency=concurrency_from_env(),
             allow_engine_urls=engine_allowlist(),
             install_on_use=install_on_use_from_env(),
             retention=RetentionSettings.from_env(),
-            result_cache_items=int(os.environ.get("SWE_GYM_RESULT_CACHE_ITEMS") or CACHE_ITEMS),
-            result_cache_bytes=parse_bytes(os.environ.get("SWE_GYM_RESULT_CACHE_BYTES") or str(CACHE_BYTES)),
+            result_cache_items=setting("result_cache_items"),
+            result_cache_bytes=setting("result_cache_bytes"),
         )
