@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -110,6 +111,31 @@ def _per_worker_data_dir() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _per_worker_data_dir()
+    config.addinivalue_line(
+        "markers",
+        "alone: a timing budget; under xdist the test waits for the tests running on other workers to end, and none "
+        "starts until it is done",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under xdist every test (its fixtures' setup and teardown included) holds a shared lock; a test marked `alone`
+    holds it exclusively. A turnstile in front keeps a waiting `alone` test from being starved by the others."""
+    if not WORKER:
+        return (yield)
+    folder = Path(item.config.option.basetemp).parent / "alone"  # xdist gives each worker <run's basetemp>/popen-gwN
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "turnstile", "a+") as turnstile, open(folder / "tests", "a+") as tests:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(tests, fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
