@@ -100,17 +100,18 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Call
 _OWN_DATA_DIR: list[str] = []
 
 
-def _per_worker_data_dir() -> None:
+def _per_worker_data_dir(config: pytest.Config) -> None:
     """Servers a test starts without SWE_GYM_DATA_DIR would share the cache dir's capture store and results (and a
-    server starting marks every open session there abandoned): each test process gets its own data dir."""
-    if os.environ.get("SWE_GYM_DATA_DIR"):
+    server starting marks every open session there abandoned): each test process gets its own data dir. Not xdist's
+    controller: its workers would inherit its dir."""
+    if os.environ.get("SWE_GYM_DATA_DIR") or (not WORKER and getattr(config.option, "numprocesses", None)):
         return
     os.environ["SWE_GYM_DATA_DIR"] = tempfile.mkdtemp(prefix=f"swe-gym-test-data-{WORKER or 'serial'}-")
     _OWN_DATA_DIR.append(os.environ["SWE_GYM_DATA_DIR"])
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _per_worker_data_dir()
+    _per_worker_data_dir(config)
     config.addinivalue_line(
         "markers",
         "alone: a timing budget; under xdist the test waits for the tests running on other workers to end, and none "
