@@ -9,8 +9,13 @@
 # - scripts/setup_docker.sh: docker.io + a dockerd (no bridge) + a debootstrap base image, for the docker backend
 # - scripts/setup_ui.sh: Debian chromium, for the browser tests of the UI (tests/test_ui.py)
 # - scripts/build_standin_images.sh: stand-in SWE-Gym images of the pypi split (skips those present)
-# The budget in the open: one line per setup step with its wall time (again as a table before pytest), and pytest's
-# 15 slowest tests at the end. Extra arguments go to pytest (e.g. -m "not integration"; a later --durations wins).
+# pytest runs in parallel (pytest-xdist, `--dist loadgroup`): the tests mostly wait on agents, sandboxes, servers
+# and docker, so several workers run side by side (2 per core, at most one per 3 GiB of memory, at least 2; or
+# PYTEST_XDIST_AUTO_NUM_WORKERS; or -n N among the arguments, -n 0 for a serial run); tests that share a heavy
+# resource stay on one worker (tests/conftest.py: GROUPS).
+# The budget in the open: one line per setup step with its wall time (again as a table before pytest), the worker
+# count, and at the end pytest's 15 slowest tests and the 15 test files that took longest (tests/conftest.py).
+# Extra arguments go to pytest (e.g. -m "not integration", -n 3; a later --durations or -n wins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,10 +35,28 @@ step "swe-gym-env setup --all" .venv/bin/swe-gym-env setup --all
 step setup_vllm.sh bash scripts/setup_vllm.sh
 step setup_openenv.sh bash scripts/setup_openenv.sh
 step setup_trl.sh bash scripts/setup_trl.sh
+docker_was_up=0
+docker info >/dev/null 2>&1 && docker_was_up=1
 step setup_docker.sh bash scripts/setup_docker.sh
+if [ "$docker_was_up" = 0 ]; then  # this run started dockerd: stop it at the end; one already running stays up
+  trap 'bash scripts/setup_docker.sh stop' EXIT
+fi
 step setup_ui.sh bash scripts/setup_ui.sh
-trap 'bash scripts/setup_docker.sh stop' EXIT  # stops dockerd only if setup_docker.sh started it
 step build_standin_images.sh bash scripts/build_standin_images.sh
 echo "== setup steps (wall time):"
 printf '   %s\n' "${steps[@]}"
-.venv/bin/python -m pytest --durations=15 "$@"
+
+cores=$(nproc)
+mem_gib=$(awk '/^MemTotal:/ {print int($2 / 1048576)}' /proc/meminfo)
+workers=$((cores * 2))
+[ "$workers" -le $((mem_gib / 3)) ] || workers=$((mem_gib / 3))
+[ "$workers" -ge 2 ] || workers=2
+workers=${PYTEST_XDIST_AUTO_NUM_WORKERS:-$workers}  # xdist's own override of its worker count
+prev=
+for a in "$@"; do  # the worker count pytest will use: a later -n wins
+  case "$a" in -n[0-9]*) workers=${a#-n} ;; --numprocesses=*) workers=${a#*=} ;; esac
+  case "$prev" in -n | --numprocesses) workers=$a ;; esac
+  prev=$a
+done
+echo "== pytest: $workers worker(s) (pytest-xdist, --dist loadgroup; $cores cores, $mem_gib GiB)"
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=15 "$@"

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -65,6 +66,58 @@ def sse_events(text: str) -> list:
     return out
 
 
+def listener_pids(port: int) -> set[int]:
+    """The processes holding a listening TCP socket on ``port`` (any address, this network namespace)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if any(os.readlink(fd) in inodes for fd in (d / "fd").iterdir()):
+                    pids.add(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "gone"
+
+
+def check_listener(proc: subprocess.Popen, port: int) -> None:
+    """A port another test (another xdist worker) took between `free_port` and our server's bind must fail loudly,
+    never let our health check pass on someone else's server: the listener on ``port`` is ``proc`` (or its child)."""
+    holders = listener_pids(port)
+    if any(proc.pid in _ancestors(h) for h in holders):
+        return
+    who = "; ".join(f"pid {h} ({_cmdline(h)})" for h in sorted(holders)) or "no process"
+    procs.stop(proc)
+    raise RuntimeError(f"port collision: port {port} is held by {who}, not by the server just started ({proc.args})")
+
+
 class Stack:
     """Built-in engine + server as real processes on free loopback ports."""
 
@@ -114,6 +167,7 @@ class Stack:
     def _start(self, argv, health):
         p = procs.start(argv, health, env=self.env, timeout=STARTUP_S)  # stopped there if it never gets healthy
         self.procs.append(p)
+        check_listener(p, int(health.split(":")[2].split("/")[0]))
         return p
 
     def health(self) -> dict:

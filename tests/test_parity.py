@@ -139,6 +139,9 @@ def _warm_up(url: str) -> None:
     assert r.status_code == 200, r.text
 
 
+VLLM = pytest.mark.xdist_group("vllm")  # the real vLLM of `live`: one vLLM at a time, per run (tests/conftest.py)
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """vLLM (float32, processed logprobs, dev endpoints for weight reload) + the server + 2 captured rollouts."""
@@ -213,6 +216,7 @@ def _table(report: dict) -> str:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@VLLM
 def test_parity_on_real_captured_rollouts(need_pi, live):
     rc, report, err = parity("--rollout", str(live["file"]), "--model", live["model"])
     print("parity (fp32 vLLM vs fp32 transformers):\n" + _table(report))
@@ -244,6 +248,7 @@ def _retokenised(turn: Turn) -> list[int]:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@VLLM
 def test_broken_copies_fail_and_say_why(need_pi, live):
     hot, cold = live["results"]  # temperature 1.0, 0.7
     t, c = full_turns(hot)[0], full_turns(cold)[0]  # the full form: each copy below breaks its whole prompt
@@ -277,6 +282,7 @@ def test_broken_copies_fail_and_say_why(need_pi, live):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@VLLM
 def test_bf16_trainer_is_within_bf16_tolerance_only(need_pi, live):
     rc, report, err = parity("--rollout", str(live["file"]), "--model", live["model"], "--dtype", "bfloat16")
     print("parity (fp32 vLLM vs bf16 transformers):\n" + _table(report))
@@ -288,6 +294,7 @@ def test_bf16_trainer_is_within_bf16_tolerance_only(need_pi, live):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@VLLM
 def test_train_grpo_example_runs_two_steps_with_weight_sync(need_pi, live, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(
@@ -342,6 +349,7 @@ print("RESULT " + json.dumps({"before": before, "changed": changed, "restored": 
 
 @pytest.mark.integration
 @pytest.mark.slow
+@VLLM
 def test_weight_sync_changes_what_vllm_serves(need_pi, live, tmp_path):
     """The example's sync_weights (save_pretrained + vLLM's reload_weights) really swaps the served weights."""
     script = tmp_path / "sync.py"

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import once_per_run, require
 
+from swe_gym_env.procs import file_lock
 from swe_gym_env.server.grading import grade
 from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
@@ -30,8 +31,16 @@ SPECIAL = {"pytest-plugin-addopts", "parametrised-ids", "src-layout", "import-er
 
 
 @pytest.fixture(scope="session")
-def pypi_split() -> tuple[Task, ...]:
-    """The split as `swe-gym-env setup --all` leaves it: built, with every task's local venv (built here if missing)."""
+def pypi_split(tmp_path_factory) -> tuple[Task, ...]:
+    """The split as `swe-gym-env setup --all` leaves it: built, with every task's local venv (built here if missing);
+    once per test run, and under a lock in the cache dir (its files are shared by every run on the machine)."""
+    from swe_gym_env.tasks.catalog import pypi_tasks
+
+    once_per_run(tmp_path_factory, "pypi-split", _build_pypi_split)
+    return pypi_tasks()
+
+
+def _build_pypi_split() -> None:
     from swe_gym_env.server.assets import task_runtime_dir
     from swe_gym_env.tasks.catalog import pypi_tasks
     from swe_gym_env.tasks.envs import EnvError, build_env, env_ready
@@ -39,29 +48,40 @@ def pypi_split() -> tuple[Task, ...]:
 
     require(shutil.which("bwrap") is not None, "bubblewrap missing: apt-get install bubblewrap")
     require((task_runtime_dir() / ".ready").is_file(), "task runtime not prepared: run `swe-gym-env setup`")
-    try:
-        build.build(build.out_dir(), build.task_names(), log=lambda _: None)
-    except build.DataError as e:
-        require(False, f"the pypi split cannot be built (sdists from PyPI): {e}")
-    tasks = pypi_tasks()
-    for t in tasks:
-        if not env_ready(t):
-            try:
-                build_env(t)
-            except EnvError as e:
-                require(False, f"task venv cannot be built (network to PyPI?): {e}")
-    return tasks
+    with file_lock(build.out_dir().parent / ".pypi-split-tests.lock"):
+        try:
+            build.build(build.out_dir(), build.task_names(), log=lambda _: None)
+        except build.DataError as e:
+            require(False, f"the pypi split cannot be built (sdists from PyPI): {e}")
+        for t in pypi_tasks():
+            if not env_ready(t):
+                try:
+                    build_env(t)
+                except EnvError as e:
+                    require(False, f"task venv cannot be built (network to PyPI?): {e}")
 
 
 @pytest.fixture(scope="session")
-def pypi_images(pypi_split, need_docker) -> tuple[Task, ...]:
-    """The stand-in images (scripts/build_standin_images.sh; built here when missing, skipped when present)."""
+def pypi_images(pypi_split, need_docker, tmp_path_factory) -> tuple[Task, ...]:
+    """The stand-in images (scripts/build_standin_images.sh; built here when missing, skipped when present), once
+    per test run."""
+    once_per_run(tmp_path_factory, "pypi-images", lambda: _build_pypi_images(pypi_split))
+    return pypi_split
+
+
+def _build_pypi_images(tasks: tuple[Task, ...]) -> None:
     from swe_gym_env.tasks.pypi_fixes import standin
 
     ok = subprocess.run(["docker", "image", "inspect", standin.BASE_IMAGE], capture_output=True).returncode == 0
     require(ok, f"docker base image {standin.BASE_IMAGE} missing: run scripts/setup_docker.sh")
-    standin.build_all(list(pypi_split), log=lambda _: None)
-    return pypi_split
+    with file_lock(standin_lock()):
+        standin.build_all(list(tasks), log=lambda _: None)
+
+
+def standin_lock() -> Path:
+    from swe_gym_env.server.assets import cache_dir
+
+    return cache_dir() / "locks" / "standin-images.lock"
 
 
 def test_the_split_is_reproducible_and_covers_the_special_cases(tmp_path, pypi_split):

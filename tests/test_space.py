@@ -246,7 +246,7 @@ def test_dockerfile_rules():
     assert re.search(r"^ARG BASE=python:3\.11-slim", text, re.M) and "FROM ${BASE}" in text
     assert "useradd --create-home --uid 1000 user" in text and re.search(r"^USER user$", text, re.M)
     assert text.count("uv sync --frozen --no-dev") == 2  # pinned from the lockfile, deps layer then project
-    assert "HEALTHCHECK" in text and "/health" in text and "swe-gym-env setup" in text
+    assert "HEALTHCHECK" in text and "/health" in text and "swe_gym_env.cli setup --harness all" in text
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".git", ".vllm-venv", "tests"} <= set(ignored)
 
@@ -336,6 +336,7 @@ async def _train_rollout(mcp_url: str):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")  # a real vLLM: one at a time, per run (tests/conftest.py)
 def test_serve_vllm_model_makes_vllm_the_default_engine(tmp_path, need_pi):
     import asyncio
 

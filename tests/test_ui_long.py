@@ -277,6 +277,7 @@ def test_a_page_draws_its_calls_only():
 
 # -- a finished 80-call rollout in the browser -------------------------------------------------------------------
 @pytest.mark.integration
+@pytest.mark.alone  # a timing budget: no other test runs meanwhile (tests/conftest.py)
 def test_finished_long_rollout_opens_fast_and_pages(browser, served):
     rid = "long-" + uuid.uuid4().hex[:8]
     result = long_result(rid)

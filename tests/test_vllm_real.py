@@ -48,7 +48,8 @@ from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import MODEL, PI_TOOLS, engine_client, full_turns, sse_events
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
+# one vLLM at a time, per run (tests/conftest.py)
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".vllm-venv" / "bin" / "python"

@@ -1,4 +1,5 @@
-"""The ``hf_emulator`` pytest fixture: one emulator process per test session, its containers removed at the end.
+"""The ``hf_emulator`` pytest fixture: one emulator process per test run, its containers removed at the end (under
+pytest-xdist every test that uses it runs on one worker: the `hf-emulator` group of tests/conftest.py).
 
 `HFEmulator` gives a test what a process running the SDK needs (`env`, `docker_args`, `run_sdk`) and the fault
 hooks (`kill_job`, `pause_job`, `unpause_job`) plus `jobs` to see every job and its stage.

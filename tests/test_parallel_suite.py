@@ -1,0 +1,111 @@
+"""The suite's own parallel machinery (tests/conftest.py, tests/helpers.py): a port another test took fails loudly
+and names it; under pytest-xdist a `once_per_run` thing is made once for every worker, an `alone` test runs with no
+other test beside it, and the budget names the worker count and the time per test file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from swe_gym_env import procs
+
+from helpers import check_listener, listener_pids
+
+TESTS = Path(__file__).resolve().parent
+SERVE_200 = textwrap.dedent(
+    """
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+def test_a_port_taken_by_another_server_fails_loudly_naming_it():
+    port = procs.free_port()
+    squatter = subprocess.Popen([sys.executable, "-c", SERVE_200, str(port)])
+    late = None
+    try:
+        procs.wait_healthy(f"http://127.0.0.1:{port}/health", squatter, 60)
+        assert listener_pids(port) == {squatter.pid}
+        check_listener(squatter, port)  # its own port: fine
+        late = subprocess.Popen([sys.executable, "-c", SERVE_200, str(port)], stderr=subprocess.DEVNULL)
+        assert procs.healthy(f"http://127.0.0.1:{port}/health")  # a health check alone would pass
+        with pytest.raises(RuntimeError, match=rf"port collision: port {port} is held by pid {squatter.pid} \("):
+            check_listener(late, port)
+        assert late.poll() is not None  # stopped
+    finally:
+        for p in (squatter, late):
+            if p is not None:
+                procs.stop(p)
+
+
+RUN_TESTS = """
+import json, os, time
+from pathlib import Path
+import pytest
+from conftest import once_per_run
+
+LOG = Path(os.environ["H1_LOG"])
+
+def note(**kw):
+    with LOG.open("a") as f:
+        f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER"), "t": time.time(), **kw}) + "\\n")
+
+def make():
+    note(made=1)
+    time.sleep(1)
+    return {"built": os.environ.get("PYTEST_XDIST_WORKER")}
+
+@pytest.fixture(scope="session")
+def thing(tmp_path_factory):
+    return once_per_run(tmp_path_factory, "thing", make)
+
+@pytest.mark.parametrize("i", range(8))
+def test_busy(i, thing):
+    note(test=f"busy{i}", start=time.time()); time.sleep(0.5); note(test=f"busy{i}", end=time.time(), got=thing)
+
+@pytest.mark.alone
+def test_alone(thing):
+    note(test="alone", start=time.time()); time.sleep(1); note(test="alone", end=time.time(), got=thing)
+"""
+
+
+@pytest.mark.slow
+def test_once_per_run_alone_and_the_budget_under_xdist(tmp_path):
+    (tmp_path / "test_inner.py").write_text(RUN_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    log = tmp_path / "log.jsonl"
+    env = {**os.environ, "H1_LOG": str(log), "PYTHONPATH": str(TESTS)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_TESTRUNUID", None)
+    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-n", "3", "--dist", "loadgroup"]
+    argv += ["-p", "no:cacheprovider"]
+    argv += ["--basetemp", str(tmp_path / "base"), "-c", str(tmp_path / "pytest.ini"), str(tmp_path / "test_inner.py")]
+    out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    made = [r for r in rows if r.get("made")]
+    assert len(made) == 1, rows  # once, for every worker
+    got = {json.dumps(r["got"]) for r in rows if "got" in r}
+    assert got == {json.dumps({"built": made[0]["worker"]})}
+    assert len({r["worker"] for r in rows if "test" in r}) > 1  # the workers did share the tests
+    spans: dict[str, dict] = {}
+    for r in rows:
+        if "test" in r:
+            spans.setdefault(r["test"], {}).update({k: r[k] for k in ("start", "end") if k in r})
+    alone = spans.pop("alone")
+    beside = [n for n, s in spans.items() if s["start"] < alone["end"] and s["end"] > alone["start"]]
+    assert beside == [], (alone, spans)
+    assert "budget: 3 worker(s)" in out.stdout, out.stdout[-3000:]
+    assert "test_inner.py" in out.stdout.split("budget: 3 worker(s)")[1], out.stdout[-3000:]
