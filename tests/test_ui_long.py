@@ -393,7 +393,7 @@ def test_live_update_sends_what_changed_not_the_history(served):
     rec, done = served.on_loop(_start_in_flight, served.service, rid)
     stream = QueueStream(served.url)
     try:
-        watch = stream.join(fn_index(served.url, "show_rollout"), [rid])
+        watch = stream.join(fn_index(served.url, "show_rollout"), [rid, ""])  # no access token: an open server
         first, _ = stream.next(watch)
         sizes: list[int] = []
         for turn in turns:
