@@ -62,20 +62,11 @@ RUN python3 -m venv /home/user/.uv && /home/user/.uv/bin/pip install -q --no-cac
 COPY --chown=user pyproject.toml uv.lock README.md ./
 RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --no-install-project \
       --python "$(command -v python3)" --no-cache
-# The agents next (minutes: every harness, from npm and PyPI): `swe-gym-env setup --harness all`, in a layer keyed
-# by what it reads (the harness definitions with their pinned versions, the setup command), not by the whole tree:
-# a code change elsewhere keeps it. An import beyond these files fails here loudly (a fresh build installs for real).
-COPY --chown=user __init__.py cli.py names.py procs.py wire.py ./
-COPY --chown=user server/__init__.py server/assets.py server/vllm_launcher.py server/
-COPY --chown=user server/templates server/templates/
-COPY --chown=user server/agents server/agents/
-COPY --chown=user server/sandbox/__init__.py server/sandbox/bundles.py server/sandbox/errors.py server/sandbox/
-RUN mkdir /tmp/pkg && ln -s /home/user/app /tmp/pkg/swe_gym_env \
- && PYTHONPATH=/tmp/pkg python3 -m swe_gym_env.cli setup --harness all \
- && rm -rf /tmp/pkg /home/user/.npm /home/user/.cache/pip
 COPY --chown=user . .
 RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --python "$(command -v python3)" \
-      --no-cache
+      --no-cache \
+ && swe-gym-env setup --harness all \
+ && rm -rf /home/user/.npm /home/user/.cache/pip
 RUN if [ -n "$SWE_GYM_VLLM_MODEL" ]; then \
       python3 -m venv /home/user/vllm-venv && /home/user/vllm-venv/bin/pip install -q --no-cache-dir "vllm==${VLLM_VERSION}"; \
     fi

@@ -164,6 +164,12 @@ def build_mcp(service: RolloutService) -> FastMCP:
             return summary_tool_result(await summary_of(result, too_big(form, size)))
         return ToolResult(content=[TextContent(type="text", text=data)], structured_content=json.loads(data))
 
+    def asked_form(kwargs: dict) -> str:
+        """The form a refused or invalid request asked for, where it names one (its answer is small: `answer` still
+        bounds it), else this path's default."""
+        form = kwargs.get("result_form")
+        return form if form in ("summary", "compact", "full") else _DEFAULT_FORM.get()
+
     async def run_rollout(ctx: Context, **kwargs) -> ToolResult:
         """Run one coding-agent rollout on a task and return its reward and token-level trace.
 
@@ -180,7 +186,7 @@ def build_mcp(service: RolloutService) -> FastMCP:
         refusal = start_refusal(caller.token, headers=caller.headers, scheme=caller.scheme)
         if refusal is not None:
             refused = RolloutResult(rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="")
-            return await answer(refused, "compact" if not _bounded() else "summary")
+            return await answer(refused, asked_form(kwargs))
         try:
             req = RolloutRequest.model_validate(kwargs)
         except ValueError as e:
@@ -192,7 +198,7 @@ def build_mcp(service: RolloutService) -> FastMCP:
                 harness=str(kwargs.get("harness")),
                 sandbox=str(kwargs.get("sandbox")),
             )
-            return await answer(invalid, "compact" if not _bounded() else "summary")
+            return await answer(invalid, asked_form(kwargs))
         form = req.result_form or _DEFAULT_FORM.get()
         step = 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -118,6 +119,15 @@ def check_listener(proc: subprocess.Popen, port: int) -> None:
     raise RuntimeError(f"port collision: port {port} is held by {who}, not by the server just started ({proc.args})")
 
 
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 class Stack:
     """Built-in engine + server as real processes on free loopback ports."""
 
@@ -134,15 +144,27 @@ class Stack:
         self.procs: list[subprocess.Popen] = []
         # the Gradio UI costs seconds of CPU per server start: only the UI tests mount it
         self.env = {**os.environ, "SWE_GYM_UI": "1" if ui else "0", **(env or {})}
-        try:
-            if engine_up:
-                self._start(
-                    [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
-                )
-            self.start_server()
-        except BaseException:
-            self.stop()  # never leave a half-started stack behind
-            raise
+        for attempt in range(3):
+            try:
+                if engine_up:
+                    self._start(
+                        [*ME, "engine", "--port", str(self.engine_port), "--policy", policy], self.engine_url("/health")
+                    )
+                self.start_server()
+                return
+            except procs.NotReady as e:
+                self.stop()  # never leave a half-started stack behind
+                taken = [p for p in (self.engine_port, self.server_port) if _port_taken(p)]
+                if not (e.exited and taken) or attempt == 2:
+                    raise
+                # free_port's race: another worker bound the port between free_port and our server's bind (the
+                # server exited with "address already in use"); said, then new ports
+                print(f"port(s) {taken} taken by another process before our server bound them: new ports")
+                self.procs = []
+                self.engine_port, self.server_port = free_port(), free_port()
+            except BaseException:
+                self.stop()
+                raise
 
     def start_server(self) -> None:
         self.server = self._start(

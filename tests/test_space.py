@@ -246,7 +246,7 @@ def test_dockerfile_rules():
     assert re.search(r"^ARG BASE=python:3\.11-slim", text, re.M) and "FROM ${BASE}" in text
     assert "useradd --create-home --uid 1000 user" in text and re.search(r"^USER user$", text, re.M)
     assert text.count("uv sync --frozen --no-dev") == 2  # pinned from the lockfile, deps layer then project
-    assert "HEALTHCHECK" in text and "/health" in text and "swe_gym_env.cli setup --harness all" in text
+    assert "HEALTHCHECK" in text and "/health" in text and "swe-gym-env setup" in text
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".git", ".vllm-venv", "tests"} <= set(ignored)
 
