@@ -172,7 +172,9 @@ def docker(*args: str) -> None:
 
 
 def status(space: Space, rid: str) -> dict:
-    r = httpx.get(f"{space.base}/rollouts/{rid}", timeout=10)
+    # reading a rollout needs the Space's access token (no SWE_GYM_PUBLIC_READS here)
+    r = httpx.get(f"{space.base}/rollouts/{rid}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert r.status_code in (200, 404), (r.status_code, r.text[:300])
     return r.json() if r.status_code == 200 else {}
 
 
