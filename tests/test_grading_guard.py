@@ -72,7 +72,8 @@ def guarded_run(root: Path, files: dict[str, str]) -> tuple[str, bytes, bytes, b
     repo = root / "repo"
     for path, text in files.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
+        if not (repo / path).exists() or (repo / path).read_text() != text:  # an unchanged file keeps its mtime
+            (repo / path).write_text(text)
     guard = Guarded(str(root / "guard"), b"k" * 64, junit=True)
     Path(guard.dir).mkdir()
     (Path(guard.dir) / "swe_gym_guard.py").write_bytes(guard_plugin_source())

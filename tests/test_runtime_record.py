@@ -114,6 +114,21 @@ def test_the_cheat_works_bare_and_the_record_names_it(swebench, tmp_path, name):
     assert [f.code for f in g.findings] == ["grading_tampered"]
 
 
+def test_pytests_bytecode_cache_is_shared_in_neither_direction(swebench, tmp_path):
+    """pytest caches rewritten test modules by the source's mtime and size. A plain run (the agent's own, in the
+    same tree) caches them without the guard's calls, and a guarded run's bytecode calls a name only a guarded process
+    has (a plain pytest that loaded it failed every assert in CI)."""
+    files = {"pkg/__init__.py": PKG + always_equal("wrapper", TARGETS), "tests/test_sub.py": TESTS}
+    cache = tmp_path / "repo" / "tests" / "__pycache__"
+    assert "2 passed" in bare_run(tmp_path / "repo", files)
+    before = {p.name: p.read_bytes() for p in cache.glob("*-pytest-*.pyc")}
+    assert before, "the plain run cached its rewritten test module"
+    g, _, _ = graded(swebench, guarded_run(tmp_path, files))
+    assert "always-equal _Same from pkg/__init__.py" in g.report.integrity, "the guarded run did not use that cache"
+    assert {p.name: p.read_bytes() for p in cache.glob("*-pytest-*.pyc")} == before, "the guarded run cached nothing"
+    assert "2 passed" in bare_run(tmp_path / "repo", files)
+
+
 def test_code_swaps_are_seen_without_the_audit_hook_too(swebench, tmp_path):
     """The guard's own check before each test (the collected function and code object) names the swap whatever
     reached it; the audit hook names who."""

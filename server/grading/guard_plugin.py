@@ -551,6 +551,19 @@ def _patch_rewriter():
     visit_Compare._swe_gym_guard = True
     setattr(rewrite, "_swe_gym_compared", _compared)
     setattr(cls, "visit_Compare", visit_Compare)
+    # pytest caches rewritten modules as __pycache__/*-pytest-*.pyc, keyed only by the source's mtime and size. Code
+    # rewritten here calls a name only a guarded process has, and a cache written by a plain run (the agent's own, in
+    # the same tree) lacks the calls: share that cache in neither direction.
+    setattr(rewrite, "_read_pyc", _no_cached_pyc)
+    setattr(rewrite, "_write_pyc", _no_pyc_written)
+
+
+def _no_cached_pyc(*args, **kwargs):
+    return None
+
+
+def _no_pyc_written(*args, **kwargs):
+    return False
 
 
 if _AUDIT:
@@ -667,6 +680,8 @@ _WATCHED = [
     "_pytest.unittest.TestCaseFunction.stopTest",
     "_pytest.assertion.rewrite.AssertionRewriter.visit_Compare",
     "_pytest.assertion.rewrite._swe_gym_compared",
+    "_pytest.assertion.rewrite._read_pyc",
+    "_pytest.assertion.rewrite._write_pyc",
     "threading._start_new_thread",
     "_thread.start_new_thread",
     "threading.settrace",
