@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -83,10 +84,16 @@ def listener_pids(port: int) -> set[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if any(os.readlink(fd) in inodes for fd in (d / "fd").iterdir()):
-                    pids.add(int(d.name))
+                fds = list((d / "fd").iterdir())
             except OSError:
                 continue
+            for fd in fds:
+                try:  # one fd closed between the listing and the read skips that fd, not the whole process
+                    if os.readlink(fd) in inodes:
+                        pids.add(int(d.name))
+                        break
+                except OSError:
+                    continue
     return pids
 
 
@@ -111,9 +118,13 @@ def _cmdline(pid: int) -> str:
 def check_listener(proc: subprocess.Popen, port: int) -> None:
     """A port another test (another xdist worker) took between `free_port` and our server's bind must fail loudly,
     never let our health check pass on someone else's server: the listener on ``port`` is ``proc`` (or its child)."""
-    holders = listener_pids(port)
-    if any(proc.pid in _ancestors(h) for h in holders):
-        return
+    for _ in range(20):  # the scan races with fds opening and closing: found nobody is no proof; ask again
+        holders = listener_pids(port)
+        if any(proc.pid in _ancestors(h) for h in holders):
+            return
+        if holders:
+            break
+        time.sleep(0.25)
     who = "; ".join(f"pid {h} ({_cmdline(h)})" for h in sorted(holders)) or "no process"
     procs.stop(proc)
     raise RuntimeError(f"port collision: port {port} is held by {who}, not by the server just started ({proc.args})")

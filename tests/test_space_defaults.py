@@ -49,6 +49,12 @@ def results(**usable: bool) -> dict[str, dict]:
     return {n: {"usable": usable.get(n, False), "reason": f"{n} probe said so"} for n in pf.ordered()}
 
 
+def fake_probes(monkeypatch, cache: dict[str, dict]) -> None:
+    """Probe results as if run in the environment as it is now (probes run again once it changes)."""
+    monkeypatch.setattr(pf, "_cache", cache)
+    monkeypatch.setattr(pf, "_cache_env", pf._probe_env())
+
+
 # -- the probes are real, per process, bounded -----------------------------------------------------------------------
 def test_local_is_usable_here_only_because_bwrap_ran_a_sandbox():
     require(shutil.which("bwrap") is not None, "bubblewrap missing")
@@ -131,7 +137,7 @@ def test_with_no_usable_backend_the_error_names_what_to_configure():
 
 async def test_a_request_naming_no_sandbox_runs_on_the_first_usable_one(monkeypatch):
     assert RolloutRequest().sandbox == AUTO_SANDBOX  # the wire default: the server decides
-    monkeypatch.setattr(pf, "_cache", results(landlock=True, docker=True))
+    fake_probes(monkeypatch, results(landlock=True, docker=True))
     service = RolloutService(ServerConfig(engines={}), CaptureProxy())
     auto = service.submit(RolloutRequest())
     named = service.submit(RolloutRequest(sandbox="docker"))
@@ -143,7 +149,7 @@ async def test_a_request_naming_no_sandbox_runs_on_the_first_usable_one(monkeypa
 
 
 async def test_a_request_naming_no_sandbox_fails_clearly_when_none_is_usable(monkeypatch):
-    monkeypatch.setattr(pf, "_cache", results())
+    fake_probes(monkeypatch, results())
     service = RolloutService(ServerConfig(engines={}), CaptureProxy())
     rec = service.submit(RolloutRequest())
     assert rec.task is None and rec.result is not None and rec.state == "finished"
@@ -155,13 +161,13 @@ async def test_a_request_naming_no_sandbox_fails_clearly_when_none_is_usable(mon
 async def test_the_web_banner_says_the_builtin_engine_is_not_a_model_and_which_sandboxes_work(monkeypatch):
     from swe_gym_env.ui.app import _banner_html
 
-    monkeypatch.setattr(pf, "_cache", results(landlock=True))
     monkeypatch.delenv(BUILTIN_ENGINE_ENV, raising=False)
+    fake_probes(monkeypatch, results(landlock=True))
     html = await _banner_html()
     assert "engine-banner" not in html and "runs on <code>landlock</code>" in html
     assert 'data-sandbox="local" data-usable="false"' in html and 'data-sandbox="landlock" data-usable="true"' in html
     monkeypatch.setenv(BUILTIN_ENGINE_ENV, "oracle")
-    monkeypatch.setattr(pf, "_cache", results())
+    fake_probes(monkeypatch, results())
     html = await _banner_html()
     assert 'id="engine-banner"' in html and "NOT a model" in html
     assert "no sandbox backend is usable here" in html and "HF_TOKEN and SWE_GYM_PUBLIC_URL" in html
@@ -312,3 +318,15 @@ async def test_a_fresh_space_answers_its_first_rollout_with_nothing_configured(f
         result = await c.run_rollout()
     assert result.ok, result.error
     assert result.sandbox == "landlock" and result.harness == "pi" and result.reward == 1.0
+
+
+def test_probes_run_again_when_what_they_read_changes(tmp_path, monkeypatch):
+    """A cache root without the task runtime makes `local` unusable; the real one, restored, makes it usable again
+    (a test that pointed SWE_GYM_ENV_HOME elsewhere once left `local` unusable for the rest of its worker)."""
+    if not pf.preflight("local")["usable"]:
+        pytest.skip("local is not usable on this machine")
+    with monkeypatch.context() as m:
+        m.setenv("SWE_GYM_ENV_HOME", str(tmp_path / "empty-home"))
+        found = pf.preflight("local")
+        assert not found["usable"] and "task runtime missing" in found["reason"], found
+    assert pf.preflight("local")["usable"]

@@ -315,7 +315,9 @@ async def test_image_that_does_not_exist(space, hf_emulator):
 async def test_fault_mid_agent(space, hf_emulator, fault, says):
     r, job = await _fault_mid_agent(space, hf_emulator, fault)
     assert not r.ok and r.reward is None
-    assert r.phase == "agent", (r.phase, r.error)
+    # the oracle needs two model calls: on a loaded machine the fault can land after its last turn, while the
+    # rollout reads its diff from the same sandbox; either way the sandbox's failure ends it, named
+    assert r.phase in ("agent", "diff"), (r.phase, r.error)
     assert says in (r.error or ""), r.error
     if fault != "cancel":
         assert job in (r.error or ""), f"the error does not name the job: {r.error}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 
 from swe_gym_env.server.sandbox.base import SandboxUnavailable
@@ -32,7 +33,16 @@ CONFIGURE = {  # what makes each backend usable, for the "none is usable" error
 }
 
 _cache: dict[str, dict] = {}
+_cache_env: tuple[tuple[str, str], ...] = ()  # what the cached probes read: another environment probes again
 _lock = threading.Lock()
+
+
+def _probe_env() -> tuple[tuple[str, str], ...]:
+    """The variables a probe's answer depends on (the cache root, credentials, PATH for npm and bwrap)."""
+    keep = ("PATH", "HOME", "XDG_CACHE_HOME")
+    return tuple(
+        sorted((k, v) for k, v in os.environ.items() if k in keep or k.startswith(("SWE_GYM_", "HF_", "E2B_")))
+    )
 
 
 def _probe(name: str) -> dict:
@@ -53,7 +63,11 @@ def ordered() -> list[str]:
 
 
 def _run(names: list[str], fresh: bool) -> None:
+    global _cache_env
     with _lock:  # one round of probes at a time; later callers read its results
+        if (env := _probe_env()) != _cache_env:
+            _cache.clear()
+            _cache_env = env
         todo = [n for n in names if fresh or n not in _cache]
         if not todo:
             return
@@ -83,7 +97,7 @@ def preflight(name: str, fresh: bool = False) -> dict:
 
 async def probe_all() -> dict[str, dict]:
     """`preflight_all` without blocking the event loop (immediate once the probes have run)."""
-    if all(n in _cache for n in ordered()):
+    if _probe_env() == _cache_env and all(n in _cache for n in ordered()):
         return preflight_all()
     return await asyncio.to_thread(preflight_all)
 
