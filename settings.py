@@ -73,10 +73,21 @@ def parse_json(raw: Any) -> Any:
         raise ValueError("a JSON object is needed") from None
 
 
+def parse_positive_int(raw: Any) -> Any:
+    """A count written as digits, at least 1 (the words of the error the server always gave for it)."""
+    if not isinstance(raw, str):
+        return raw
+    s = raw.strip()
+    if not s.isdigit() or int(s) < 1:
+        raise ValueError("a positive integer is needed")
+    return int(s)
+
+
 JsonMap = Annotated[dict[str, str], BeforeValidator(parse_json)]
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Flag = Annotated[bool, BeforeValidator(parse_flag)]
 PositiveInt = Annotated[int, Field(gt=0)]
+Count = Annotated[int, BeforeValidator(parse_positive_int), Field(gt=0)]  # as the SWE_GYM_MAX_ROLLOUTS_* family
 NonNegative = Annotated[float, Field(ge=0)]
 
 
@@ -115,7 +126,7 @@ class Settings(BaseSettings):
     upstream: Literal["aiohttp", "httpx"] = _s("engine", "the HTTP client /capture forwards with", "aiohttp")
 
     # rollouts
-    max_rollouts: PositiveInt = _s(
+    max_rollouts: Count = _s(
         "rollouts", "rollouts at once per sandbox backend (SWE_GYM_MAX_ROLLOUTS_<BACKEND> for one backend)", 8
     )
     grading_timeout_s: NonNegative = _s("rollouts", "the longest a grading run may take (caps the measured one)", 300.0)
@@ -378,6 +389,17 @@ def setting(field: str) -> Any:
         except ValidationError as e:
             raise SettingsError("\n".join(_problems(e, os.environ, secret_names()))) from None
     return _one[key]
+
+
+def max_rollouts(backend: str) -> int:
+    """Rollouts at once on ``backend``: ``SWE_GYM_MAX_ROLLOUTS_<BACKEND>``, else ``SWE_GYM_MAX_ROLLOUTS`` (default 8);
+    each checked alone, as `setting` does (a bad value raises `SettingsError` naming the variable)."""
+    default: int = setting("max_rollouts")
+    name = family_name(backend)
+    values, bad = _family_values({name: os.environ.get(name, "")} if name in FAMILIES else {})
+    if bad:
+        raise SettingsError(bad[0])
+    return values.get(name, default)
 
 
 def startup(env_file: str | Path | None = ENV_FILE, warn: Any = None) -> Settings:

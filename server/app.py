@@ -94,7 +94,8 @@ def create_app(config: ServerConfig) -> FastAPI:
             print(f"swe-gym-env serve: {locked}", file=sys.stderr, flush=True)
         service.recover()
         if capture.store is not None:
-            capture.store.abandon_open()  # sessions a dead server left open stay readable, marked abandoned
+            # sessions of servers that are gone stay readable, marked abandoned; a live server's stay open
+            capture.store.abandon_open()
         await asyncio.to_thread(service.retention.prepare)  # the capture store gives deleted pages back
         retention = asyncio.create_task(service.retention.run_forever())  # and after each finished rollout
         reap_orphans(CAPTURE_DIR_PREFIX)
@@ -121,6 +122,8 @@ def create_app(config: ServerConfig) -> FastAPI:
             await capture.aclose()
             if capture.store is not None:
                 capture.store.close()
+            if service.store is not None:  # this server's `.running` rollouts count as a dead one's from now
+                service.store.owner.release()
             shutil.rmtree(sock_dir, ignore_errors=True)
 
     app = FastAPI(title="swe_gym_env", lifespan=lifespan)

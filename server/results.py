@@ -1,7 +1,9 @@
 """Results store: every rollout is on disk from start to finish, so none is silently lost.
 
 `<id>.running` is written when a rollout starts and replaced by `<id>.json` (written atomically) when it ends.
-After a crash, `recover()` turns every `.running` left behind into a failed result.
+After a crash, `recover()` turns every `.running` left behind into a failed result. Several servers may share one
+results dir: a `.running` and a temporary file name their store's owner (`server.owners`, a lock it holds while open),
+and `recover()` touches only those of owners that are gone, never a live server's rollout in flight.
 
 Listings come from an index (`.index.sqlite` beside the results: one row per stored result with its summary, when it
 finished and its size), kept on every put and delete, never from a scan of the files. It is a cache of the files: a
@@ -29,11 +31,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
+from swe_gym_env.server.owners import Owner
 from swe_gym_env.server.result_pages import base_summary
 from swe_gym_env.wire import Phase, ResultSummary, RolloutRequest, RolloutResult, RolloutSummary, failed_result
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids become file names: nothing that could leave the dir
 INDEX_NAME = ".index.sqlite"
+OWNERS_DIR = ".owners"  # lock files of the stores (servers) using this dir: server/owners.py
+TMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<owner>[^.]+)\.tmp$")  # .<file>.<owner id, or a pid before owners>.tmp
 INDEX_VERSION = 1  # PRAGMA user_version of the index; another value: rebuilt from the files
 CACHE_ITEMS = 16  # finished results kept in memory as their JSON (most recently used), parsed again on each read
 CACHE_BYTES = 8 * 1024 * 1024  # ... and at most this much of it (about 3 results of 80 calls): the memory held
@@ -67,6 +72,7 @@ class ResultsStore:
         self._cached_bytes = 0
         self._lock = threading.RLock()  # the event loop writes, a retention pass (a thread) deletes
         self._unindexed: set[str] = set()  # deleted files whose row could not go yet (a full disk): never listed
+        self.owner = Owner(root / OWNERS_DIR)  # held while this store is open
         self.db = self._open_index()
         self.reconcile()
 
@@ -126,7 +132,7 @@ class ResultsStore:
 
     # -- writing --------------------------------------------------------------------------------------------------
     def _write(self, path: Path, data: bytes) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{self.owner.id}.tmp")
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -137,7 +143,13 @@ class ResultsStore:
 
     def mark_running(self, rollout_id: str, req: RolloutRequest, phase: Phase = "validate") -> None:
         """Written at the start and again at each phase, so a restart can say where a rollout was cut short."""
-        body = {"rollout_id": rollout_id, "request": req.model_dump(mode="json"), "phase": phase, "at": time.time()}
+        body = {
+            "rollout_id": rollout_id,
+            "request": req.model_dump(mode="json"),
+            "phase": phase,
+            "at": time.time(),
+            "owner": self.owner.id,  # a restart fails it only when this store's owner is gone
+        }
         self._write(self.root / f"{rollout_id}.running", json.dumps(body).encode())
 
     def put(self, result: RolloutResult) -> int:
@@ -285,26 +297,44 @@ class ResultsStore:
     def close(self) -> None:
         with self._lock:
             self.db.close()
+        self.owner.release()
 
     # -- after a crash --------------------------------------------------------------------------------------------
+    def _owner_alive(self, owner: object, verdict: dict[str, bool]) -> bool:
+        if not isinstance(owner, str):
+            return False
+        if owner not in verdict:
+            if owner.isdigit():  # a temporary file named before owners: by its process id
+                verdict[owner] = owner == str(os.getpid()) or Path(f"/proc/{owner}").exists()
+            else:
+                verdict[owner] = self.owner.alive_check(owner)
+        return verdict[owner]
+
     def recover(self) -> list[str]:
-        """Mark rollouts that were running when the server stopped as failed; returns their ids. Also removes
-        temporary files a dead process left half-written."""
+        """Mark rollouts that servers which are gone left running as failed; returns their ids. Also removes
+        temporary files such a server left half-written. A live server's (another one on this results dir) are
+        left alone: its rollouts are in flight, its temporary files are being written."""
+        verdict: dict[str, bool] = {}
         for path in self.root.glob(".*.tmp"):
-            if not path.name.endswith(f".{os.getpid()}.tmp"):
+            m = TMP_NAME.fullmatch(path.name)
+            if m is None or not self._owner_alive(m["owner"], verdict):
                 path.unlink(missing_ok=True)
         recovered = []
         for path in self.root.glob("*.running"):
             try:
                 body = json.loads(path.read_text())
+                if self._owner_alive(body.get("owner"), verdict):
+                    continue  # in flight on a live server
                 req = RolloutRequest.model_validate(body["request"])
                 rid = body["rollout_id"]
                 phase = body.get("phase", "validate")
                 if phase not in get_args(Phase):
                     raise ValueError(f"bad phase {phase!r}")
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, AttributeError):
                 path.unlink(missing_ok=True)
                 continue
+            except FileNotFoundError:
+                continue  # finished meanwhile (its server is alive after all)
             if self.get(rid) is None:
                 error = f"server_restarted: the server stopped in phase {phase!r} before this rollout finished"
                 self.put(failed_result(req, error, phase=phase, rollout_id=rid))

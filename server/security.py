@@ -1,8 +1,9 @@
 """Who may start work and who may administer, and the limits that keep a public Space from being abused.
 
-Everything comes from the environment (on a Space: Space variables and secrets). Tokens are compared in constant
-time and are never logged, returned or put in a tool schema. When no access token is configured (a local,
-loopback-only server) starting work is open.
+Everything comes from the environment (on a Space: Space variables and secrets), read through the settings model
+(`swe_gym_env.settings.setting`, each value checked alone; ``SPACE_ID`` is Hugging Face's, not a setting). Tokens are
+compared in constant time and are never logged, returned or put in a tool schema. When no access token is configured
+(a local, loopback-only server) starting work is open.
 
 A server reachable from outside (bound to anything but loopback, ``SWE_GYM_BIND_HOST``, which ``serve`` sets from
 ``--host``; or running on a Space, ``SPACE_ID``) with neither secret configured is *locked*: starting work and the
@@ -50,6 +51,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from swe_gym_env.settings import setting
+
 ACCESS_ENV = "SWE_GYM_ACCESS_TOKEN"
 ADMIN_ENV = "SWE_GYM_ADMIN_KEY"
 ALLOWLIST_ENV = "SWE_GYM_ENGINE_URL_ALLOWLIST"
@@ -70,7 +73,9 @@ READ_REFUSED = (
 
 
 def _configured(name: str) -> str | None:
-    return os.environ.get(name) or None
+    """A secret's value (``ACCESS_ENV`` or ``ADMIN_ENV``), or None when unset or empty."""
+    value = setting({ACCESS_ENV: "access_token", ADMIN_ENV: "admin_key"}[name])
+    return value.get_secret_value() or None if value is not None else None
 
 
 def _loopback(host: str) -> bool:
@@ -87,14 +92,14 @@ def exposure() -> str | None:
     """Why this server is reachable from outside (a Space, or bound to a non-loopback address), or None."""
     if os.environ.get(SPACE_ENV):
         return f"running on a Space ({SPACE_ENV} is set)"
-    host = os.environ.get(BIND_ENV, "")
+    host = setting("bind_host") or ""
     if not _loopback(host):
         return f"listening on {host}, not on loopback only"
     return None
 
 
 def open_on_purpose() -> bool:
-    return os.environ.get(OPEN_ENV, "").strip().lower() in ("1", "true", "yes")
+    return bool(setting("open_access"))
 
 
 def lock_reason() -> str | None:
@@ -121,7 +126,7 @@ def access_mode() -> str:
 
 def public_reads() -> bool:
     """Whether rollouts are readable by anyone (``SWE_GYM_PUBLIC_READS=1``): the one place that reads it."""
-    return os.environ.get(PUBLIC_READS_ENV, "").strip().lower() in ("1", "true", "yes")
+    return bool(setting("public_reads"))
 
 
 def read_mode() -> str:
@@ -252,9 +257,9 @@ _limiter_lock = threading.Lock()
 
 
 def rate_per_minute() -> int:
-    raw = os.environ.get(RATE_ENV, "").strip()
-    if raw:
-        return max(0, int(raw))
+    configured = setting("rate_limit_per_min")
+    if configured is not None:
+        return configured
     return DEFAULT_RATE_WITH_TOKEN if access_required() else 0
 
 
@@ -329,9 +334,9 @@ def start_refusal(
 
 # -- engine URLs ----------------------------------------------------------------------------------------------
 def engine_allowlist() -> tuple[str, ...]:
-    raw = os.environ.get(ALLOWLIST_ENV, "")
+    raw = setting("engine_url_allowlist")
     prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
-    if os.environ.get(LEGACY_ALLOW_ENV, "") == "1":
+    if setting("allow_engine_urls"):
         prefixes = (*prefixes, "*")
     return prefixes
 
@@ -364,7 +369,7 @@ def engine_url_allowed(url: str, allowlist: tuple[str, ...] | list[str]) -> bool
 
 # -- request size -----------------------------------------------------------------------------------------------
 def max_request_bytes() -> int:
-    return int(os.environ.get(MAX_BODY_ENV, "") or DEFAULT_MAX_BODY)
+    return setting("max_request_bytes")
 
 
 class BodySizeLimit:

@@ -325,7 +325,8 @@ async def test_session_is_durable_and_reads_back_after_a_restart(tmp_path):
         follow = agent_request(stream=False)
         follow["messages"] += [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "ok"}]
         assert (await c.post("/v1/chat/completions", json=follow)).status_code == 200
-    # the server dies here: the session was never closed
+    # the server dies here: the session was never closed (and its store's owner lock goes with the process)
+    proxy.store.owner.release()
     restarted = CaptureStore(path)
     assert restarted.abandon_open() == ["rollout-abc"]
     data = restarted.load_session("rollout-abc")

@@ -258,3 +258,99 @@ def test_one_setting_is_read_alone_so_a_bad_neighbour_fails_only_its_reader(monk
     monkeypatch.setenv("SWE_GYM_ENGINE_API_KEY", "k-SECRET")
     assert S.setting("engine_api_key").get_secret_value() == "k-SECRET"
     assert "SECRET" not in repr(S.setting("engine_api_key"))
+
+
+# ---- the server reads its settings through the model -----------------------------------------------------------
+
+READ = re.compile(r"environ(?:\.get\(\s*|\[\s*)[\"'](SWE_GYM_[A-Z0-9_]+)[\"'](?!\s*\]\s*=[^=])")
+# direct reads still left in files this change did not own (to move onto `setting`): file -> names
+KNOWN_DIRECT = {
+    "server/sandbox/docker.py": {"SWE_GYM_DOCKER_IMAGE"},
+    "server/engine/builtin.py": {"SWE_GYM_ENGINE_URL"},  # whether one was set: the built-in engine's own switch
+    "cli.py": {"SWE_GYM_ENGINE_URL"},  # as `serve` may have set it
+}
+
+
+def test_no_server_code_reads_a_setting_from_os_environ_directly():
+    settings_and_families = {*S.setting_names(), *S.FAMILIES}
+    found: dict[str, set[str]] = {}
+    for p in [*(REPO / "server").rglob("*.py"), REPO / "cli.py"]:  # what the server and its CLI run
+        rel = str(p.relative_to(REPO))
+        for name in READ.findall(p.read_text(errors="replace")):
+            if name in settings_and_families:
+                found.setdefault(rel, set()).add(name)
+    assert "server/security.py" not in found and "server/rollout/config.py" not in found
+    extra = {f: n - KNOWN_DIRECT.get(f, set()) for f, n in found.items() if n - KNOWN_DIRECT.get(f, set())}
+    assert not extra, f"read these through swe_gym_env.settings.setting: {extra}"
+    source = (REPO / "server" / "security.py").read_text() + (REPO / "server" / "rollout" / "config.py").read_text()
+    assert source.count("os.environ") == 1 and "os.environ.get(SPACE_ENV)" in source  # Hugging Face's, not ours
+
+
+def test_security_reads_the_model_with_its_defaults_and_names_a_bad_value(monkeypatch):
+    from swe_gym_env.server import security
+
+    for name in S.setting_names():
+        if name.startswith(("SWE_GYM_ACCESS", "SWE_GYM_ADMIN", "SWE_GYM_RATE", "SWE_GYM_MAX_REQ", "SWE_GYM_OPEN")):
+            monkeypatch.delenv(name, raising=False)
+    for name in ("SWE_GYM_PUBLIC_READS", "SWE_GYM_BIND_HOST", "SWE_GYM_ENGINE_URL_ALLOWLIST", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SWE_GYM_ALLOW_ENGINE_URLS", raising=False)
+    default_body = S.Settings.model_fields["max_request_bytes"].default
+    assert security.max_request_bytes() == security.DEFAULT_MAX_BODY == default_body
+    assert (security.rate_per_minute(), security.access_mode(), security.read_mode()) == (0, "open", "open")
+    assert security.engine_allowlist() == () and not security.open_on_purpose()
+    monkeypatch.setenv("SWE_GYM_ACCESS_TOKEN", "tok-SECRET-1")
+    assert security.rate_per_minute() == security.DEFAULT_RATE_WITH_TOKEN and security.access_mode() == "token"
+    assert security.access_ok("tok-SECRET-1") and not security.access_ok("tok-SECRET-2")
+    monkeypatch.setenv("SWE_GYM_ACCESS_TOKEN", "")  # empty is unset, as before
+    assert security.access_mode() == "open"
+    # the model's spellings: sizes and flags as every other setting takes them
+    monkeypatch.setenv("SWE_GYM_MAX_REQUEST_BYTES", "1M")
+    monkeypatch.setenv("SWE_GYM_PUBLIC_READS", "yes")
+    monkeypatch.setenv("SWE_GYM_ALLOW_ENGINE_URLS", "true")
+    monkeypatch.setenv("SWE_GYM_ENGINE_URL_ALLOWLIST", " http://a:1/v1 , ")
+    assert security.max_request_bytes() == 1024**2 and security.read_mode() == "public"
+    assert security.engine_allowlist() == ("http://a:1/v1", "*")
+    for name, raw, reader, says in [
+        ("SWE_GYM_RATE_LIMIT_PER_MIN", "-3", security.rate_per_minute, "Input should be greater than or equal"),
+        ("SWE_GYM_PUBLIC_READS", "maybe", lambda: security.read_refusal("x"), "a flag is needed"),
+        ("SWE_GYM_OPEN_ACCESS", "sure", security.lock_reason, "a flag is needed"),
+        ("SWE_GYM_MAX_REQUEST_BYTES", "big", security.max_request_bytes, "a size in bytes"),
+    ]:
+        monkeypatch.setenv(name, raw)
+        with pytest.raises(S.SettingsError, match="^" + re.escape(f"{name}={raw!r}: {says}")):  # loud, never open
+            reader()
+        monkeypatch.delenv(name)
+
+
+def test_a_secret_read_by_security_never_shows_in_an_error_or_in_config(monkeypatch):
+    from swe_gym_env.server import security
+
+    monkeypatch.setenv("SWE_GYM_ADMIN_KEY", "adm-SECRET-9")
+    assert security.admin_ok("adm-SECRET-9") and not security.admin_ok("adm")
+    monkeypatch.setenv("SWE_GYM_CONTEXT_WINDOW", "x")
+    with pytest.raises(S.SettingsError) as e:
+        S.build()
+    assert "SECRET" not in str(e.value)
+    rows = {r["name"]: r for r in S.describe(S.build({"SWE_GYM_ADMIN_KEY": "adm-SECRET-9"}))}
+    assert rows["SWE_GYM_ADMIN_KEY"]["value"] == "set" and "SECRET" not in json.dumps(list(rows.values()))
+
+
+def test_max_rollouts_family_through_the_model_with_the_servers_own_message(monkeypatch):
+    from swe_gym_env.names import SANDBOXES
+    from swe_gym_env.server.rollout.config import concurrency_from_env
+
+    for name in ("SWE_GYM_MAX_ROLLOUTS", *S.FAMILIES):
+        monkeypatch.delenv(name, raising=False)
+    assert concurrency_from_env() == dict.fromkeys(SANDBOXES, 8)
+    monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS", "3")
+    monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS_HF_POOL", "16")
+    assert concurrency_from_env() == {**dict.fromkeys(SANDBOXES, 3), "hf-pool": 16}
+    assert concurrency_from_env() == {b: S.build().max_rollouts_for(b) for b in SANDBOXES}  # the same reading
+    for name, raw in [("SWE_GYM_MAX_ROLLOUTS_DOCKER", "0"), ("SWE_GYM_MAX_ROLLOUTS", "two")]:
+        monkeypatch.setenv(name, raw)
+        with pytest.raises(ValueError, match=f"^{name}={raw!r}: a positive integer is needed$"):
+            concurrency_from_env()
+        with pytest.raises(S.SettingsError, match=f"^{name}={raw!r}: a positive integer is needed$"):
+            S.build()
+        monkeypatch.delenv(name)

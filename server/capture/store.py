@@ -5,6 +5,10 @@ One database per server data dir. Token ids are stored as int32 and logprobs as 
 every call. Messages likewise: only those past the previous call's are stored. A session can be read back after a
 server restart (`load_session`), with its calls (in that stored form: `capture.export` rebuilds them), findings and
 state.
+
+Each session records its owner (`server.owners`: a lock this store holds while it is open). Several servers may share
+one data dir: at startup `abandon_open` marks abandoned only the open sessions of owners that are gone (a crash,
+SIGKILL included), never those of another live server.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import orjson
 
 from swe_gym_env.server.capture.graph import Node
+from swe_gym_env.server.owners import Owner
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -32,7 +37,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     findings TEXT NOT NULL DEFAULT '[]',
     errors TEXT NOT NULL DEFAULT '[]',
     budget_replies INTEGER NOT NULL DEFAULT 0,
-    demoted TEXT NOT NULL DEFAULT '[]'  -- calls the agent's own record shows it never used (graph discards)
+    demoted TEXT NOT NULL DEFAULT '[]',  -- calls the agent's own record shows it never used (graph discards)
+    owner TEXT                    -- the store (server) that opened it: server/owners.py; NULL: before owners
 );
 CREATE TABLE IF NOT EXISTS calls (
     session_id TEXT NOT NULL,
@@ -80,16 +86,20 @@ class CaptureStore:
             self.db.execute("ALTER TABLE sessions ADD COLUMN demoted TEXT NOT NULL DEFAULT '[]'")
         if "dialect" not in {r[1] for r in self.db.execute("PRAGMA table_info(calls)")}:  # before dialects were kept
             self.db.execute("ALTER TABLE calls ADD COLUMN dialect TEXT NOT NULL DEFAULT 'openai-chat'")
+        if "owner" not in columns:  # a store written before owners were kept: its open sessions count as dead ones'
+            self.db.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
         self._last_messages: dict[str, list[bytes]] = {}
+        self.owner = Owner(path.with_name(path.name + ".owners"))  # held while this store is open
 
     def close(self) -> None:
         self.db.close()
+        self.owner.release()
 
     # -- writing -----------------------------------------------------------------------------------------------
     def open_session(self, session_id: str, meta: dict) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO sessions (id, created, state, meta) VALUES (?, ?, 'open', ?)",
-            (session_id, time.time(), json.dumps(meta)),
+            "INSERT OR REPLACE INTO sessions (id, created, state, meta, owner) VALUES (?, ?, 'open', ?, ?)",
+            (session_id, time.time(), json.dumps(meta), self.owner.id),
         )
 
     def add_call(
@@ -144,10 +154,29 @@ class CaptureStore:
         self._last_messages.pop(session_id, None)
 
     def abandon_open(self) -> list[str]:
-        """At startup: sessions a dead server left open. They stay readable, marked abandoned."""
-        ids = [r[0] for r in self.db.execute("SELECT id FROM sessions WHERE state = 'open'")]
-        self.db.execute("UPDATE sessions SET state = 'abandoned', closed = ? WHERE state = 'open'", (time.time(),))
-        return ids
+        """At startup: sessions that servers which are gone left open (their owner's lock is free: a crash, SIGKILL
+        included; or no owner recorded, a store from before owners). They stay readable, marked abandoned; returns
+        their ids. Sessions of a live server (another one on this data dir, or this store) stay open."""
+        rows = self.db.execute("SELECT id, owner FROM sessions WHERE state = 'open' ORDER BY rowid").fetchall()
+        verdict: dict[str | None, bool] = {}
+        dead = []
+        for session_id, owner in rows:
+            if owner not in verdict:
+                verdict[owner] = self.owner.alive_check(owner)
+            if not verdict[owner]:
+                dead.append(session_id)
+        now = time.time()
+        self.db.execute("BEGIN")
+        try:
+            self.db.executemany(
+                "UPDATE sessions SET state = 'abandoned', closed = ? WHERE id = ? AND state = 'open'",
+                [(now, session_id) for session_id in dead],
+            )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return dead
 
     # -- reading -----------------------------------------------------------------------------------------------
     def session_ids(self, limit: int = 100) -> list[str]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,24 +11,14 @@ from swe_gym_env.server.capture import EngineTarget
 from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
 from swe_gym_env.server.retention import RetentionSettings
 from swe_gym_env.server.security import engine_allowlist
+from swe_gym_env.settings import max_rollouts
 
 
 def concurrency_from_env() -> dict[str, int]:
     """Rollouts running at once per sandbox backend: SWE_GYM_MAX_ROLLOUTS (default 8) for every backend, and
-    SWE_GYM_MAX_ROLLOUTS_<BACKEND> (e.g. SWE_GYM_MAX_ROLLOUTS_HF_POOL=16) for one."""
-    default = _positive_int("SWE_GYM_MAX_ROLLOUTS", 8)
-    return {
-        name: _positive_int(f"SWE_GYM_MAX_ROLLOUTS_{name.upper().replace('-', '_')}", default) for name in SANDBOXES
-    }
-
-
-def _positive_int(var: str, default: int) -> int:
-    raw = os.environ.get(var)
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{var}={raw[:20]!r}: a positive integer is needed")
-    return int(raw)
+    SWE_GYM_MAX_ROLLOUTS_<BACKEND> (e.g. SWE_GYM_MAX_ROLLOUTS_HF_POOL=16) for one (the settings model's; a bad value
+    is a `SettingsError`, a ValueError, naming the variable)."""
+    return {name: max_rollouts(name) for name in SANDBOXES}
 
 
 @dataclass
