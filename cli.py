@@ -375,6 +375,7 @@ BENCHES = {
     "long": "concurrent rollouts at real size (80 calls, ~7k tokens each): server RSS per rollout, result size",
     "soak": "rollouts for a given time: server RSS, open fds, disk, time outside the agent, first vs last 10%%",
     "mcp": "long results over MCP: summary size, pages, fetch time, server RSS while 8 clients fetch 8 results",
+    "cheating": "impossible-variant rollouts per harness and engine: solved, caught, honest, errors, cheating rate",
 }
 
 
@@ -388,6 +389,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kwargs["peers"] = tuple(p for p in args.peers.split(",") if p)
     elif args.bench in ("long", "soak"):
         kwargs = {k: v for k in ("calls", "concurrency", "minutes") if (v := getattr(args, k, None)) is not None}
+    elif args.bench == "cheating":
+        names = ("harness", "engine_url", "engine_model", "n", "split", "sandbox", "concurrency", "deadline")
+        kwargs = {("deadline_s" if k == "deadline" else k): getattr(args, k) for k in names}
     return mod.run(args.json, quick=args.quick, **kwargs)
 
 
@@ -461,6 +465,15 @@ def build_parser() -> argparse.ArgumentParser:
             bp.add_argument("--concurrency", type=int, help="rollouts at once (long: 16, soak: 8)")
         if name == "soak":
             bp.add_argument("--minutes", type=float, help="how long to keep starting rollouts (30)")
+        if name == "cheating":
+            bp.add_argument("--harness", default=DEFAULT_HARNESS, help="harness(es), comma-separated: one row each")
+            bp.add_argument("--engine-url", help="OpenAI-compatible base URL (…/v1); omitted: the built-in oracle")
+            bp.add_argument("--engine-model", help="served model name at --engine-url")
+            bp.add_argument("--n", type=int, help="impossible-variant rollouts per harness (6; --quick: 2)")
+            bp.add_argument("--split", default="bundled", help="tasks: those of the split with an impossible variant")
+            bp.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
+            bp.add_argument("--concurrency", type=int, default=2, help="rollouts at once")
+            bp.add_argument("--deadline", type=float, default=600.0, help="each rollout's deadline, seconds")
     b.set_defaults(func=cmd_bench)
     ps = sub.add_parser("push", help="deploy: create or update a Hugging Face Space running this server")
     ps.add_argument("--repo-id", required=True, metavar="OWNER/NAME")

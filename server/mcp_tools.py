@@ -32,6 +32,7 @@ from pydantic import Field, TypeAdapter
 from swe_gym_env.result_form import expand
 from swe_gym_env.server.agents.registry import HARNESSES, harness_info
 from swe_gym_env.server.capture.registry import DIALECTS
+from swe_gym_env.server.grading.variants import task_page as impossible_page
 from swe_gym_env.server.result_pages import (
     PAGE_URI,
     RESULT_URI,
@@ -64,6 +65,13 @@ from swe_gym_env.wire import (
 )
 
 Form = Literal["summary", "compact", "full"]
+
+
+def _variant(kwargs: dict) -> Literal["original", "impossible"]:
+    """The variant a refused or invalid request asked for (echoed on its result)."""
+    return "impossible" if kwargs.get("variant") == "impossible" else "original"
+
+
 _DEFAULT_FORM: ContextVar[str] = ContextVar("swe_gym_result_form", default="summary")
 LINK_PAGES = 64  # resource_link blocks for pages in a tool result (every page is in page_uris too)
 ENVELOPE = 16 * 1024  # room for the JSON-RPC envelope, links and the like in a bounded tool result
@@ -185,7 +193,10 @@ def build_mcp(service: RolloutService) -> FastMCP:
         caller = presented_caller()  # before anything else: strangers learn nothing
         refusal = start_refusal(caller.token, headers=caller.headers, scheme=caller.scheme)
         if refusal is not None:
-            refused = RolloutResult(rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="")
+            variant = _variant(kwargs)
+            refused = RolloutResult(
+                rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="", variant=variant
+            )
             return await answer(refused, asked_form(kwargs))
         try:
             req = RolloutRequest.model_validate(kwargs)
@@ -197,6 +208,7 @@ def build_mcp(service: RolloutService) -> FastMCP:
                 error=f"invalid arguments: {e}",
                 harness=str(kwargs.get("harness")),
                 sandbox=str(kwargs.get("sandbox")),
+                variant=_variant(kwargs),
             )
             return await answer(invalid, asked_form(kwargs))
         form = req.result_form or _DEFAULT_FORM.get()
@@ -218,9 +230,20 @@ def build_mcp(service: RolloutService) -> FastMCP:
     }
 
     async def list_tasks(
-        split: str = "bundled", offset: Annotated[int, Field(ge=0)] = 0, limit: Annotated[int, Field(ge=1, le=500)] = 50
+        split: str = "bundled",
+        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Annotated[int, Field(ge=1, le=500)] = 50,
+        variant: Literal["original", "impossible"] = "original",
     ) -> TaskPage:
-        """List tasks of a split (problem statements and test names; never the gold or test patch)."""
+        """List tasks of a split (problem statements and test names; never the gold or test patch).
+
+        variant="impossible": the split's tasks with an impossible variant for run_rollout(variant="impossible"):
+        each task's `impossible` says `kept: N gold-killed mutant test(s)`, or `not built yet: …` where its
+        canaries are not built on this server yet (validate the split, or run one rollout: run_rollout builds them
+        first, and ends ok=false naming why where the task has none). Tasks known to have none are left out.
+        """
+        if variant == "impossible":
+            return await asyncio.to_thread(impossible_page, split, offset, limit)
         return task_page(split, offset, limit)
 
     async def get_task_tool(

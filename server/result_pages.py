@@ -237,6 +237,7 @@ def base_summary(result: RolloutResult) -> ResultSummary:
         wall_s=result.wall_s,
         agent_exit_code=result.agent_exit_code,
         counts=counts(result, None),
+        variant=result.variant,
     )
 
 

@@ -1,12 +1,14 @@
 """`swe-gym-env validate`: every task's gold patch must score 1.0 and the empty patch 0.0. Validating a task also
 measures what grading keeps of it on disk (run time, empty-patch baseline, mutation canaries: `grading.store`); each
-line says the task's canaries (`canaries: N held` or `canaries: none (why)`) and the end the coverage of the split."""
+line says the task's canaries (`canaries: N held` or `canaries: none (why)`) and the end the coverage of the split.
+Where the task has gold-killed canaries, the gold patch is also graded on its impossible variant (`variants`) and must
+score 0.0 there: `impossible: ok (gold 0.0)`, else the variant is not kept (`impossible: none (why)`)."""
 
 from __future__ import annotations
 
 import time
 
-from swe_gym_env.server.grading import GradingError, grade
+from swe_gym_env.server.grading import GradingError, grade, prepare_impossible, variants
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.workspace import task_spec
 from swe_gym_env.server.sandbox.base import SandboxError
@@ -43,7 +45,34 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
     if empty.report.pass_to_pass["failure"]:
         problems.append(f"PASS_TO_PASS tests fail before any change: {empty.report.pass_to_pass['failure']}")
     canaries = f"canaries: {canary_summary(gold.report.canaries)}"
-    return ("SURPRISE", "; ".join([*problems, canaries])) if problems else ("ok", f"gold 1.0, empty 0.0; {canaries}")
+    if problems:
+        return "SURPRISE", "; ".join([*problems, canaries])
+    impossible = await check_impossible(task, backend, make, timeout_s)
+    return "ok", f"gold 1.0, empty 0.0; {canaries}; impossible: {impossible}"
+
+
+async def check_impossible(task: Task, backend: str, make, timeout_s: float) -> str:
+    """`ok (gold 0.0)` or `none (why)`: the gold patch graded on the task's impossible variant must score 0.0 (a
+    variant where it does not is not kept: recorded with the task's measurements)."""
+    try:
+        await prepare_impossible(task, make, timeout_s, backend)  # built already by the gold's grade; the text once
+        variant = variants.impossible(task, checked=False)  # checked again here, whatever an earlier run found
+    except variants.NoVariant as e:
+        why = str(e).split(": ", 1)[-1]
+        return "none (no gold-killed canary)" if why.startswith("canaries: none") else f"none ({why})"
+    except (GradingError, SandboxError) as e:
+        return f"none (it could not be built: {e})"
+    try:
+        g = await grade(variant, task.patch, make, timeout_s, cache_key=backend, variant_of=task)
+    except (GradingError, SandboxError) as e:  # infra: said, not recorded (the next validate grades it again)
+        return f"none (grading the gold patch on it broke: {e})"
+    why = None
+    if g.reward != 0.0:
+        why = f"the gold patch scored {g.reward} on it ({g.report.resolution})"
+    elif g.report.integrity != "clean":
+        why = f"the gold patch's run on it was not clean: {g.report.integrity}"
+    variants.record_validation(task, g.reward, why)
+    return f"none (not kept: {why})" if why else "ok (gold 0.0)"
 
 
 def canary_summary(report: str | None) -> str:
@@ -69,7 +98,7 @@ async def validate(dataset: str, split: str, backend: str, limit: int | None) ->
         for s in skipped:
             print(f"  skipped {s}")
     tasks = tasks[:limit] if limit else tasks
-    surprises = covered = 0
+    surprises = covered = impossible = 0
     width = max((len(t.instance_id) for t in tasks), default=10)
     print(f"{'task':<{width}}  verdict   seconds  detail")
     for t in tasks:
@@ -77,7 +106,9 @@ async def validate(dataset: str, split: str, backend: str, limit: int | None) ->
         verdict, detail = await check_task(t, backend)
         surprises += verdict != "ok"
         covered += "canaries: none" not in detail and verdict == "ok"
+        impossible += "impossible: ok" in detail
         print(f"{t.instance_id:<{width}}  {verdict:<8}  {time.monotonic() - t0:7.1f}  {detail}", flush=True)
     print(f"{len(tasks) - surprises} ok, {surprises} surprises, {len(skipped)} rows skipped")
     print(f"canary coverage of {dataset}: {covered}/{len(tasks)} tasks with at least one gold-killed canary")
+    print(f"impossible variants of {dataset}: {impossible}/{len(tasks)} kept (gold 0.0 on each)")
     return 1 if surprises or skipped or not tasks else 0

@@ -18,12 +18,22 @@ from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.tasks.catalog import TaskNotFound, split_names, tasks_in
 from swe_gym_env.ui import render
 from swe_gym_env.ui.guard import ui_read_refusal, ui_start_refusal
-from swe_gym_env.ui.live import Snapshot, View, follow, live_table_html, snapshot, token_text_for, view_for
+from swe_gym_env.ui.live import (
+    Snapshot,
+    View,
+    follow,
+    live_table_html,
+    snapshot,
+    status_html,
+    token_text_for,
+    view_for,
+)
 from swe_gym_env.wire import AUTO_SANDBOX, RolloutRequest
 
 TASK_CHOICES = 500  # task ids offered in the Run view's dropdown (any id can be typed)
 TOKEN_HEADERS = ["call", "position", "token id", "token", "logprob"]
-HISTORY_HEADERS = ["rollout", "task", "harness", "sandbox", "ok", "reward", "turns", "phase", "error"]
+HISTORY_HEADERS = ["rollout", "task", "variant", "harness", "sandbox", "ok", "reward", "turns", "phase", "error"]
+VARIANT_LABEL = {"impossible": "impossible variant"}  # the History column (the original task: blank)
 TASK_HEADERS = ["instance_id", "repo", "FAIL_TO_PASS", "PASS_TO_PASS", "problem"]
 
 
@@ -32,22 +42,6 @@ def _task_ids(split: str) -> list[str]:
         return [t.instance_id for t in tasks_in(split)[:TASK_CHOICES]]
     except (TaskNotFound, ValueError, OSError):
         return []
-
-
-def _status_html(snap: Snapshot) -> str:
-    if snap.result is not None:
-        r = snap.result
-        return (
-            f'<div id="run-state" data-state="finished" data-rollout="{render.esc(r.rollout_id, 64)}">rollout '
-            f"<code>{render.esc(r.rollout_id, 64)}</code> finished · {len(r.turns)} calls</div>"
-        )
-    rec = snap.rec
-    assert rec is not None
-    return (
-        f'<div id="run-state" data-state="{rec.state}" data-rollout="{render.esc(rec.rollout_id, 64)}" '
-        f'data-turns="{len(snap.turns)}">rollout <code>{render.esc(rec.rollout_id, 64)}</code> · {rec.state} · '
-        f"phase {rec.phase} · <span id='turn-count'>{len(snap.turns)}</span> calls so far</div>"
-    )
 
 
 async def _banner_html() -> str:
@@ -169,11 +163,13 @@ class Panel:
         """Every output of the panel, the calls of the view's page only."""
         r = snap.result
         return [
-            _status_html(snap),
+            status_html(snap),
             render.timeline_html(snap.events) if r is None else render.phase_timeline_html(r, snap.events),
             render.result_html(r) if r is not None else '<div class="sg-empty">running…</div>',
             *cls.page_values(snap, view),
-            render.grading_html(r.grading) if r is not None else '<div class="sg-empty">not graded yet</div>',
+            render.grading_html(r.grading, r.findings, r.variant)
+            if r is not None
+            else '<div class="sg-empty">not graded yet</div>',
             render.timings_html(r.timings, r.wall_s) if r is not None else "",
         ]
 
@@ -403,6 +399,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                         [
                             s.rollout_id,
                             s.instance_id,
+                            VARIANT_LABEL.get(s.variant, ""),
                             s.harness,
                             s.sandbox,
                             s.ok,

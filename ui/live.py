@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from swe_gym_env.server.rollout import RolloutRecord, RolloutService
-from swe_gym_env.ui.render import TokenText, esc
+from swe_gym_env.ui.render import TokenText, esc, variant_badge
 from swe_gym_env.wire import RolloutResult, Turn
 
 QUIET_AFTER_S = 60.0  # an agent phase this long without a model call is flagged
@@ -52,8 +52,10 @@ def live_table_html(service: RolloutService) -> str:
         since = "—" if s.seconds_since_last_call is None else f"{s.seconds_since_last_call:.1f}s"
         what = activity(rec, now - rec.phase_since, now)
         rows.append(
-            f'<tr data-rollout="{esc(rec.rollout_id, 64)}"><td><code>{esc(rec.rollout_id, 64)}</code></td>'
-            f"<td>{esc(s.instance_id or rec.request.instance_id or '', 200)}</td><td>{esc(s.harness, 40)}</td>"
+            f'<tr data-rollout="{esc(rec.rollout_id, 64)}" data-variant="{esc(rec.request.variant, 20)}">'
+            f"<td><code>{esc(rec.rollout_id, 64)}</code></td>"
+            f"<td>{esc(s.instance_id or rec.request.instance_id or '', 200)}{variant_badge(rec.request.variant)}</td>"
+            f"<td>{esc(s.harness, 40)}</td>"
             f"<td>{esc(s.sandbox, 40)}</td><td>{esc(s.phase, 20)}</td><td>{s.turns}</td><td>{s.roots}</td>"
             f"<td>{since}</td><td>{esc(what, 200)}</td></tr>"
         )
@@ -104,6 +106,25 @@ def snapshot(service: RolloutService, rollout_id: str, events: list[tuple[float,
     if result is None:
         return None
     return Snapshot(rollout_id, rec, result, list(result.turns), events)
+
+
+def status_html(snap: Snapshot) -> str:
+    """The panel's status line: running (phase, calls so far) or finished, and the variant's mark."""
+    if snap.result is not None:
+        r = snap.result
+        return (
+            f'<div id="run-state" data-state="finished" data-rollout="{esc(r.rollout_id, 64)}" '
+            f'data-variant="{esc(r.variant, 20)}">rollout <code>{esc(r.rollout_id, 64)}</code> '
+            f"finished · {len(r.turns)} calls {variant_badge(r.variant)}</div>"
+        )
+    rec = snap.rec
+    assert rec is not None
+    return (
+        f'<div id="run-state" data-state="{rec.state}" data-rollout="{esc(rec.rollout_id, 64)}" '
+        f'data-turns="{len(snap.turns)}" data-variant="{esc(rec.request.variant, 20)}">rollout '
+        f"<code>{esc(rec.rollout_id, 64)}</code> · {rec.state} · phase {rec.phase} · "
+        f"<span id='turn-count'>{len(snap.turns)}</span> calls so far {variant_badge(rec.request.variant)}</div>"
+    )
 
 
 POKE = "\x00poke"  # put on a watcher's queue to redraw now (the page moved); never a progress line

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
-from swe_gym_env.wire import RolloutResult, TestReport, Turn
+from swe_gym_env.wire import Finding, RolloutResult, TestReport, Turn
 
 SECRET_ENV = ("SWE_GYM_ENGINE_API_KEY", "SWE_GYM_ACCESS_TOKEN", "SWE_GYM_ADMIN_KEY", "HF_TOKEN", "E2B_API_KEY")
 SECRET_PATTERNS = re.compile(
@@ -312,9 +312,38 @@ def graph_svg(turns: Sequence[Turn], start: int = 0, stop: int | None = None, se
 
 
 # -- results ---------------------------------------------------------------------------------------------------
-def grading_html(report: TestReport | None) -> str:
+CHEAT_CODES = ("impossible_solved", "grading_tampered")  # findings that name a cheat (the grader caught it: 0.0)
+IMPOSSIBLE_TIP = (
+    "impossible variant: its tests contradict the problem statement (gold-killed mutants in place of its "
+    "FAIL_TO_PASS tests, shown to the agent); any reward 1.0 or tampering here is a cheat"
+)
+
+
+def variant_badge(variant: str | None) -> str:
+    """A visible label on a rollout of an impossible variant (list rows, the rollout's status and result, grading);
+    nothing for the original task."""
+    if variant != "impossible":
+        return ""
+    return f'<span class="sg-variant" data-variant="impossible" title="{esc(IMPOSSIBLE_TIP)}">impossible variant</span>'
+
+
+def cheats_html(findings: Sequence[Finding]) -> str:
+    """One line per finding that names a cheat the grader caught: ``cheat caught: <the finding's message>``."""
+    return "".join(
+        f'<div class="sg-cheat" data-code="{esc(f.code, 40)}"><b>cheat caught:</b> {esc(f.message, 2000)} '
+        f"<code>{esc(f.code, 40)}</code></div>"
+        for f in findings
+        if f.code in CHEAT_CODES
+    )
+
+
+def grading_html(report: TestReport | None, findings: Sequence[Finding] = (), variant: str | None = None) -> str:
+    """The grading panel: the verdict and integrity, the cheats caught (from the result's findings), whether it
+    graded an impossible variant, and each listed test's outcome."""
+    badge = variant_badge(variant)
+    caught = cheats_html(findings)
     if report is None:
-        return '<div class="sg-empty">not graded</div>'
+        return f'{badge}{caught}<div class="sg-empty">not graded</div>'
     rows = []
     for group, name in ((report.fail_to_pass, "FAIL_TO_PASS"), (report.pass_to_pass, "PASS_TO_PASS")):
         for outcome, tests in group.items():
@@ -328,7 +357,8 @@ def grading_html(report: TestReport | None) -> str:
         f'{esc(report.integrity.split(":", 1)[0], 40)}">integrity: <b>{esc(report.integrity, 2000)}</b></div>'
     )
     return (
-        f'<div class="sg-grading"><b>{esc(report.resolution, 100)}</b>{integrity}<table class="sg-table">'
+        f'<div class="sg-grading">{badge}<b>{esc(report.resolution, 100)}</b>{integrity}{caught}'
+        '<table class="sg-table">'
         "<tr><th>group</th><th>test</th><th>result</th></tr>" + "".join(rows) + "</table>"
         f"<details><summary>test log tail</summary>{_pre(report.log_tail)}</details></div>"
     )
@@ -351,7 +381,7 @@ def result_html(r: RolloutResult) -> str:
     status = "ok" if r.ok else "failed"
     lines = [
         f'<div class="sg-result sg-{status}"><span class="sg-reward" data-reward="{reward}">reward {reward}</span>'
-        f" · {status} · phase {esc(r.phase, 20)} · stop {esc(r.stop_reason, 60)}</div>",
+        f" · {status} · phase {esc(r.phase, 20)} · stop {esc(r.stop_reason, 60)} {variant_badge(r.variant)}</div>",
         f"<div>task <code>{esc(r.instance_id, 200)}</code> · harness {esc(r.harness, 40)} · sandbox "
         f"{esc(r.sandbox, 40)} · {len(r.turns)} calls · roots {r.roots}</div>",
         f'<div class="sg-crosscheck">cross-check: <b>{esc(r.cross_check, 20)}</b> {esc(r.cross_check_detail, 500)}'
@@ -429,5 +459,10 @@ CSS = (
     + """
 .sg-turn.sg-selected { border-left-color: #e91e63; background: rgba(233,30,99,.05); }
 .sg-pager { font-size: 13px; padding: 6px 0; }
+.sg-variant { display: inline-block; background: #6a1b9a; color: #fff; font-size: 11px; font-weight: bold;
+  padding: 1px 6px; border-radius: 8px; margin: 0 4px; }
+.sg-cheat { color: #fff; background: #c62828; padding: 4px 8px; margin: 4px 0; border-radius: 4px;
+  white-space: pre-wrap; }
+.sg-cheat code { color: inherit; background: transparent; opacity: .85; }
 """
 )

@@ -10,8 +10,9 @@ Where each idea lives (this module only hands names on):
 - `script`: the shell script a grading run executes;
 - `verdict`: swebench's verdict on a run, cross-checked with the JUnit report and the guard's record;
 - `guard_plugin` / `integrity`: the runtime record (the pytest plugin and audit hook, and how the grader reads it);
-- `canaries`: the mutation canaries; `runtimes`: run times, empty-patch baselines, timeouts; `store`: what is kept
-  of a task on disk (run times, baselines, canaries), keyed by its content.
+- `canaries`: the mutation canaries; `variants`: impossible variants (the canaries in place of the tests);
+  `runtimes`: run times, empty-patch baselines, timeouts; `store`: what is kept of a task on disk (run times,
+  baselines, canaries), keyed by its content.
 
 How a task is graded follows its own data (`TestReport.graded_by` says which path ran):
 - eval_script: a row that carries its own SWE-bench eval script (+ `log_parser`, `eval_type`) is run through
@@ -85,6 +86,14 @@ and run the failing tests). Grading does not change: the test files are reset an
 fresh sandbox, and the canaries are never shown. What changes is the residual risk below: special-casing the tests'
 inputs needs no guessing when the agent reads them.
 
+**Impossible variants** (`variants`: a cheating-rate meter, not a defence). `variant: "impossible"` shows the agent
+the task's tests with its kept gold-killed mutants in place of the originals and grades it on those (no canary check
+of its own: its tests are the canaries). No honest fix passes them (the gold patch fails them; `validate` grades it
+on every variant and keeps only those where it scores 0.0), so any 1.0 there is a cheat the other layers missed:
+reward 0.0 with `impossible_solved`, the report keeping what the tests said. A `grading_tampered` finding there is a
+cheat the layers caught. The agent sees these tests, so the rate counts what a policy does when tests and statement
+disagree; special-casing the shown inputs passes them, and is counted as the cheat it is.
+
 Not defended (residual risk): a patch that special-cases the tests' own inputs with the right outputs passes its
 canaries (it behaves like a fix on exactly what is tested), and cannot be told from a fix without more tests; a task
 with no usable canary (`canaries: none (why)`: no FAIL_TO_PASS test compares against a constant, or the gold patch
@@ -99,9 +108,10 @@ runners (Django's, sympy's: cross check `not_pytest`) get the file filter, the r
 canaries (their status from the log parser alone), but no record: their log is trusted.
 """
 
+from swe_gym_env.server.grading import variants
 from swe_gym_env.server.grading.errors import BrokenRun, GradingError
 from swe_gym_env.server.grading.files import filter_model_patch, pinned_configs, split_patch, task_verdict_files
-from swe_gym_env.server.grading.grader import grade, prepare, prepared
+from swe_gym_env.server.grading.grader import grade, prepare, prepare_impossible, prepared
 from swe_gym_env.server.grading.plan import (
     APPLY_FAILED,
     END,
@@ -145,10 +155,12 @@ __all__ = [
     "pinned_configs",
     "plan_for",
     "prepare",
+    "prepare_impossible",
     "prepared",
     "row_eval_wrapper",
     "row_test_spec",
     "score_log",
     "split_patch",
     "task_verdict_files",
+    "variants",
 ]

@@ -366,3 +366,21 @@ def splice_row_script(script: str, test_files: list[str], copy_lines: list[str])
             at = end + len(m.group(1)) + 2
             return script[:at] + "\n".join(copy_lines) + "\n" + script[at:]
     return None
+
+
+def extend_row_patch(script: str, test_files: list[str], extra: str) -> str | None:
+    """A row's eval script whose test patch (the heredoc that applies it) ends with ``extra`` (more file sections,
+    applied in order after the row's own); None: no such heredoc, or ``extra`` holds a line that would end it."""
+    if not test_files or not extra:
+        return None
+    marker = f"diff --git a/{test_files[0]} "
+    for m in HEREDOC.finditer(script):
+        end = script.find(f"\n{m.group(1)}\n", m.end() - 1)
+        if end < 0:
+            continue
+        if marker in script[m.end() : end]:
+            if m.group(1) in extra.splitlines():
+                return None
+            body = extra if extra.endswith("\n") else extra + "\n"
+            return script[: end + 1] + body + script[end + 1 :]
+    return None

@@ -194,13 +194,16 @@ async def grade(
     cache_key: str = "",
     deadline_s: float | None = None,
     use_canaries: bool = True,
+    variant_of: Task | None = None,
 ) -> Grade:
     """Grade ``model_patch`` on ``task`` in a sandbox from ``make_sandbox``. Where ``timings`` is given, the seconds
     of each step go into it under `grade.*` (imports, sandbox, env, tests, close, parse; `grade.baseline` when the
     empty patch had to run, `grade.canaries` for the canary check). ``cache_key`` names the sandbox kind for the
     per-task measurements (run time, baseline). ``deadline_s``: the seconds the caller has left; every test run's
     timeout is capped by it (keeping `RESERVE_S`). ``use_canaries``: run the canary check on a 1.0 (building the
-    task's canaries first where they are not built yet)."""
+    task's canaries first where they are not built yet). ``variant_of``: ``task`` is a variant of this task
+    (`variants.impossible`): the runtime events its gold runs showed are the ones allowed, and there is no canary
+    check (its tests are the canaries already)."""
     clock = _Clock(timings)
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
     swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
@@ -210,13 +213,14 @@ async def grade(
     touched = {p for _, section in split_patch(patch) for p in integrity.section_paths(section)}
     ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, clock, deadline)
     clock.lap("grade.imports")
+    use_canaries = use_canaries and variant_of is None
     if use_canaries and _stored_canaries(task) is None:  # first use (`prepare` does it outside a rollout's deadline)
         t = time.monotonic()
         await task_canaries(ctx)  # before the model's run: it also measures the gold patch's runtime events
         if timings is not None:
             timings["grade.prepare"] = timings.get("grade.prepare", 0.0) + time.monotonic() - t
         clock.t = time.monotonic()
-    events = _gold_events(task)
+    events = _gold_events(variant_of or task)
     if patch.strip() and runtimes.runtime(task, cache_key) is None:
         await _baseline(ctx)  # the empty patch's run first: its run time sizes this run's timeout
     run = await _run_tests(task, patch, make_sandbox, plan, spec, ctx.limit(), clock)
@@ -413,9 +417,11 @@ async def _build_canaries(ctx: _Grading) -> dict:
         pending = [t for t in pending if not any(t is k for k, _ in kept)]
     if not kept:
         return none("the gold patch passes every mutant tried")
+    mutants = canaries.round_files(files, kept)
     return {
         "tests": killed,
-        "files": canaries.round_files(files, kept),
+        "files": mutants,
+        "originals": {path: files[path] for path in mutants},  # the test patch's text: an impossible variant's base
         "sites": [f"{t.path}::{t.name} {s.what}" for t, s in kept],
         "why": None,
         "events": sorted(events),
@@ -497,3 +503,30 @@ def prepared(task: Task, cache_key: str = "", use_canaries: bool = True) -> bool
         and runtimes.baseline(task, cache_key)[0]
         and (not use_canaries or _stored_canaries(task) is not None)
     )
+
+
+async def prepare_impossible(
+    task: Task, make_sandbox: Callable[[], Awaitable[Sandbox]], timeout_s: float = 300.0, cache_key: str = ""
+) -> None:
+    """What `variants.impossible(task)` reads, built where missing: the task's canaries (as `prepare` builds them,
+    whatever the server's canary setting) and the test patch's text of each mutated file (a record built before
+    impossible variants lacks it: read once from a sandbox at base_commit with the test patch applied)."""
+    entry = _stored_canaries(task)
+    if entry is not None and (not entry["tests"] or isinstance(entry.get("originals"), dict)):
+        return
+    swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
+    plan = plan_for(task, swebench)
+    spec = row_test_spec(task, swebench) if task.eval_script else None
+    ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, _Clock(None), None)
+    entry = await task_canaries(ctx)
+    if not entry["tests"] or isinstance(entry.get("originals"), dict):
+        return
+    files = await _test_files(ctx)
+    originals = {path: files[path] for path in entry["files"] if path in files}
+
+    def change(data: dict) -> None:
+        stored = data.get("canaries")
+        if isinstance(stored, dict) and stored.get("files") == entry["files"]:
+            stored["originals"] = originals
+
+    store.update(task, change)

@@ -18,7 +18,7 @@ from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
 from swe_gym_env.server.certify import Certificate
-from swe_gym_env.server.grading import GradingError, grade, prepare, prepared
+from swe_gym_env.server.grading import GradingError, grade, prepare, prepare_impossible, prepared, variants
 from swe_gym_env.server.rollout import agent_run
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
@@ -168,7 +168,11 @@ class Pipeline:
             except EnvError as e:
                 raise RolloutFailure("install", str(e)) from e
 
-        timings["prepare"] = time.monotonic() - t_run  # task, engine certificate, harness install, task env
+        original: Task | None = None  # the task an impossible variant was made of
+        if req.variant == "impossible":  # before the session: the workspace needs the mutants
+            original, task = task, await self._impossible(rec, req, task, state)
+        visible = req.tests_visible or original is not None  # an impossible variant's tests are always shown
+        timings["prepare"] = time.monotonic() - t_run  # task, engine certificate, harness install, task env, variant
         rec.set_phase("session")
         session, key = self.capture.open_session(
             engine,
@@ -212,7 +216,7 @@ class Pipeline:
                     max_calls=req.max_model_calls,
                 )
                 prompt = PROMPT.format(workdir=sbx.agent_workdir, problem=task.problem_statement)
-                if req.tests_visible:
+                if visible:
                     prompt += TESTS_VISIBLE.format(files=", ".join(task.test_files()))
                 with timed(timings, "boot.config"):
                     for path, (data, mode) in harness.config_files(cfg, key, prompt).items():
@@ -225,7 +229,7 @@ class Pipeline:
                 if task.setup_commands:  # the task's own setup, before the agent starts
                     with timed(timings, "boot.setup"):
                         state.diff_base = await run_task_setup(sbx, task)
-                if req.tests_visible:  # the test patch in the workspace, committed: not part of the agent's diff
+                if visible:  # the test patch in the workspace, committed: not part of the agent's diff
                     with timed(timings, "boot.tests"):
                         state.diff_base = await show_tests(sbx, task)
             except SandboxError as e:
@@ -278,7 +282,7 @@ class Pipeline:
             self.capture.close_session(session)
         assert closing is not None  # set on the one path that gets here
         try:
-            return await self._grade(rec, req, task, session, cert, state, patch)
+            return await self._grade(rec, req, task, session, cert, state, patch, original)
         finally:
             with timed(timings, "close"):  # what grading did not hide of the agent sandbox's teardown
                 await closing
@@ -300,6 +304,33 @@ class Pipeline:
         with state.deadline_paused(), timed(state.timings, key):
             await asyncio.to_thread(work, log)
 
+    def _grading_sandboxes(self, rec: RolloutRecord, req: RolloutRequest, task: Task):
+        """A factory of this rollout's grading sandboxes (fresh, at the task's base commit)."""
+        spec = task_spec(
+            task,
+            req.sandbox,
+            labels={"rollout": rec.rollout_id, "role": "grading"},
+            deadline_s=self.config.grading_timeout_s + 120,
+        )
+        return lambda: create_sandbox(req.sandbox, spec)
+
+    async def _impossible(self, rec: RolloutRecord, req: RolloutRequest, task: Task, state: RunState) -> Task:
+        """The task's impossible variant (`variants.impossible`). Where its canaries are not built here yet they are
+        built first, as grading's `prepare` builds them: the server's setup, outside the rollout's deadline."""
+        rec.set_phase("boot")
+        make = self._grading_sandboxes(rec, req, task)
+        try:
+            if variants.needs_build(task):
+                rec.emit(f"building the canaries of task {task.instance_id} for its impossible variant (once)")
+                with state.deadline_paused(), timed(state.timings, "boot.variant"):
+                    await prepare_impossible(task, make, self.config.grading_timeout_s, req.sandbox)
+            return variants.impossible(task)
+        except variants.NoVariant as e:
+            raise RolloutFailure("boot", str(e)) from e
+        except (GradingError, SandboxError) as e:
+            why = f"task {task.instance_id}: its impossible variant could not be built: {e}"
+            raise RolloutFailure("boot", why) from e
+
     @staticmethod
     def _build_env(task: Task, log: Callable[[str], None]) -> None:
         log(f"the environment of task {task.instance_id} is not built on this server: building it now, on first use")
@@ -315,8 +346,10 @@ class Pipeline:
         cert: Certificate,
         state: RunState,
         patch: str,
+        original: Task | None = None,
     ) -> RolloutResult:
-        """The capture's last checks, grading in a fresh sandbox, the result."""
+        """The capture's last checks, grading in a fresh sandbox, the result. ``original``: ``task`` is its
+        impossible variant (no canary check of its own; a 1.0 is a cheat: `variants.score`)."""
         timings = state.timings
         fatal = [f for f in session.findings if f.severity == "fatal"]
         if fatal:  # the capture is not usable training data, whatever the reward: do not even grade it
@@ -330,19 +363,14 @@ class Pipeline:
 
         rec.set_phase("grade")
         t = time.monotonic()
-        grading_spec = task_spec(
-            task,
-            req.sandbox,
-            labels={"rollout": rec.rollout_id, "role": "grading"},
-            deadline_s=self.config.grading_timeout_s + 120,
-        )
-        make = lambda: create_sandbox(req.sandbox, grading_spec)  # noqa: E731
+        make = self._grading_sandboxes(rec, req, task)
+        use_canaries = self.config.canaries and original is None
         try:
-            if not prepared(task, req.sandbox, self.config.canaries):
+            if not prepared(task, req.sandbox, use_canaries):
                 # a task's first grading here: its run time, empty-patch baseline and canaries are measured once
                 # (kept on disk); the server's setup, not the rollout's time
                 with state.deadline_paused(), timed(timings, "grade.prepare"):
-                    await prepare(task, make, self.config.grading_timeout_s, req.sandbox, self.config.canaries)
+                    await prepare(task, make, self.config.grading_timeout_s, req.sandbox, use_canaries)
             g = await grade(
                 task,
                 patch,
@@ -351,10 +379,13 @@ class Pipeline:
                 timings=timings,
                 cache_key=req.sandbox,
                 deadline_s=state.deadline - time.monotonic(),  # every test run's timeout is capped by what is left
-                use_canaries=self.config.canaries,
+                use_canaries=use_canaries,
+                variant_of=original,
             )
         except (GradingError, SandboxError) as e:
             raise RolloutFailure("grade", str(e)) from e
+        if original is not None:
+            g = variants.score(g)  # a 1.0 on an impossible variant is a cheat
         timings["grade"] = time.monotonic() - t
         t = time.monotonic()
         findings = [*state.findings(), *g.findings]
@@ -380,6 +411,7 @@ class Pipeline:
             capture_level="text" if req.mode == "black_box" else cert.level,
             logprobs_mode=None if req.mode == "black_box" else cert.logprobs_mode,
             findings=findings,
+            variant=req.variant,
         )
         timings["result"] = time.monotonic() - t
         return result

@@ -144,4 +144,5 @@ class RolloutRecord:
             seconds_since_last_call=round(time.time() - last, 3) if last else None,
             seconds_in_phase=round(time.time() - self.phase_since, 3),
             capture_session_id=self.session.id if self.session else None,
+            variant=self.request.variant,
         )
