@@ -27,7 +27,8 @@ def _where(task: Task, cache_key: str) -> str:
 
 
 def _task_key(task: Task, cache_key: str) -> tuple:
-    return (store.task_digest(task), task.image or task.repo_source or "", cache_key)
+    """Also keyed by the store's directory: what memory holds stands for that store's record only."""
+    return (str(store.store_dir()), store.task_digest(task), task.image or task.repo_source or "", cache_key)
 
 
 def _remember(cache: dict, key: tuple, value) -> None:
