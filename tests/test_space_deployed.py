@@ -313,8 +313,11 @@ async def test_image_that_does_not_exist(space, hf_emulator):
     ],
 )
 async def test_fault_mid_agent(space, hf_emulator, fault, says):
-    r, job = await _fault_mid_agent(space, hf_emulator, fault)
-    assert not r.ok and r.reward is None
+    for _ in range(3):  # the oracle's two calls can end before the fault lands: its sandbox was done, the rollout ok
+        r, job = await _fault_mid_agent(space, hf_emulator, fault)
+        if not r.ok:
+            break
+    assert not r.ok and r.reward is None, "the fault never landed while the rollout used its sandbox (3 tries)"
     # the oracle needs two model calls: on a loaded machine the fault can land after its last turn, while the
     # rollout reads its diff from the same sandbox; either way the sandbox's failure ends it, named
     assert r.phase in ("agent", "diff"), (r.phase, r.error)
