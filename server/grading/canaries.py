@@ -352,27 +352,39 @@ def round_files(files: dict[str, str], chosen: list[tuple[Target, Site]]) -> dic
 HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n")
 
 
-def splice_row_script(script: str, test_files: list[str], copy_lines: list[str]) -> str | None:
-    """A row's eval script with ``copy_lines`` right after the heredoc that applies its test patch (None: no such
-    heredoc, so the mutants cannot go in place of the originals there)."""
+def _test_patch_heredoc(script: str, test_files: list[str]) -> tuple[str, int] | None:
+    """(delimiter, offset of the newline before its closing line) of the heredoc in a row's eval script that applies
+    the test patch (None: none found)."""
     if not test_files:
         return None
     marker = f"diff --git a/{test_files[0]} "
     for m in HEREDOC.finditer(script):
         end = script.find(f"\n{m.group(1)}\n", m.end() - 1)
-        if end < 0:
-            continue
-        if marker in script[m.end() : end]:
-            at = end + len(m.group(1)) + 2
-            return script[:at] + "\n".join(copy_lines) + "\n" + script[at:]
+        if end >= 0 and marker in script[m.end() : end]:
+            return m.group(1), end
     return None
+
+
+def splice_row_script(script: str, test_files: list[str], copy_lines: list[str]) -> str | None:
+    """A row's eval script with ``copy_lines`` right after the heredoc that applies its test patch (None: no such
+    heredoc, so the mutants cannot go in place of the originals there)."""
+    found = _test_patch_heredoc(script, test_files)
+    if found is None:
+        return None
+    delimiter, end = found
+    at = end + len(delimiter) + 2
+    return script[:at] + "\n".join(copy_lines) + "\n" + script[at:]
 
 
 def extend_row_patch(script: str, test_files: list[str], extra: str) -> str | None:
     """A row's eval script whose test patch (the heredoc that applies it) ends with ``extra`` (more file sections,
     applied in order after the row's own); None: no such heredoc, or ``extra`` holds a line that would end it."""
-    if not test_files or not extra:
+    found = _test_patch_heredoc(script, test_files) if extra else None
+    if found is None or found[0] in extra.splitlines():
         return None
+    end = found[1]
+    body = extra if extra.endswith("\n") else extra + "\n"
+    return script[: end + 1] + body + script[end + 1 :]
     marker = f"diff --git a/{test_files[0]} "
     for m in HEREDOC.finditer(script):
         end = script.find(f"\n{m.group(1)}\n", m.end() - 1)
