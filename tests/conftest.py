@@ -56,11 +56,55 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the scheduling unit
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# -- the longest work first ---------------------------------------------------------------------------------------
+# xdist hands out work units (a group, or one test) in the order the workers collected them; by default it sorts them
+# by test count, which sends a group of a few long tests last and leaves one worker running it alone at the end. Each
+# worker sorts its collection by the recorded wall time of each unit instead, longest first, and the controller keeps
+# that order (--no-loadscope-reorder). The times: tests/durations.json (`--durations-from`), written by a run with
+# `--record-durations tests/durations.json`; a test not in it counts as UNKNOWN_S.
+DURATIONS = REPO / "tests" / "durations.json"
+UNKNOWN_S = 1.0  # the file keeps tests of 1 s or more
+
+
+def _unit(item: pytest.Item) -> str:
+    """The scheduling unit xdist's loadgroup makes of a test: its groups (named as xdist names them), or the test."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "@" + "_".join(sorted(names)) if names else item.nodeid
+
+
+def recorded_durations(path: Path = DURATIONS) -> dict[str, float]:
+    try:
+        tests = json.loads(path.read_text())["tests"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {str(k): float(v) for k, v in tests.items()} if isinstance(tests, dict) else {}
+
+
+def longest_first(items: list[pytest.Item], nodeids: list[str], durations: dict[str, float]) -> None:
+    """Sort `items` (whose plain node ids are `nodeids`, in the same order) by their unit's total recorded time,
+    longest first; a unit's tests stay together and in their order."""
+    units = [_unit(item) for item in items]
+    cost: dict[str, float] = {}
+    for unit, nodeid in zip(units, nodeids, strict=True):
+        cost[unit] = cost.get(unit, 0.0) + durations.get(nodeid, UNKNOWN_S)
+    first_seen = {unit: i for i, unit in reversed(list(enumerate(units)))}
+    order = sorted(range(len(items)), key=lambda i: (-cost[units[i]], first_seen[units[i]], i))
+    items[:] = [items[i] for i in order]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    # before every other hook, xdist's own among them (it turns the marks into the scheduling unit)
     for item in items:
         if group := _xdist_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
+    nodeids = {id(item): item.nodeid for item in items}  # xdist appends "@group" to a grouped test's id
+    result = yield
+    # after every other hook (pytest's own fixture reordering among them): the order xdist will hand work out in
+    if WORKER:
+        durations = recorded_durations(Path(config.getoption("durations_from")))
+        longest_first(items, [nodeids[id(item)] for item in items], durations)
+    return result
 
 
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -110,8 +154,25 @@ def _per_worker_data_dir(config: pytest.Config) -> None:
     _OWN_DATA_DIR.append(os.environ["SWE_GYM_DATA_DIR"])
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test's wall time (setup + call + teardown, tests of 1 s or more) to PATH as JSON: the order "
+        "in which the next parallel run hands work out (tests/durations.json)",
+    )
+    parser.addoption(
+        "--durations-from",
+        metavar="PATH",
+        default=str(DURATIONS),
+        help="the recorded wall times a parallel run orders its work by, longest first (default: %(default)s)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _per_worker_data_dir(config)
+    if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order the workers collected (longest first)
+        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers",
         "alone: a timing budget; under xdist the test waits for the tests running on other workers to end, and none "
@@ -149,17 +210,24 @@ class _Budget:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.files: dict[str, list[float]] = {}  # file → [busy seconds, tests, first start, last stop]
-        self.workers: set[str] = set()
+        self.workers: dict[str, list[float]] = {}  # worker → [busy seconds, last stop]
+        self.tests: dict[str, float] = {}  # node id (without xdist's "@group") → setup + call + teardown seconds
 
     def add(self, report: pytest.TestReport) -> None:
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
         node = getattr(report, "node", None)  # the worker that ran it (on xdist's controller)
         if node is not None:
-            self.workers.add(str(getattr(getattr(node, "gateway", None), "id", node)))
-        path = report.nodeid.split("::", 1)[0]
+            worker = self.workers.setdefault(str(getattr(getattr(node, "gateway", None), "id", node)), [0.0, 0.0])
+            worker[0] += report.duration
+            worker[1] = max(worker[1], stop or 0.0)
+        nodeid = report.nodeid
+        if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's loadgroup names a grouped test "<id>@<group>"
+            nodeid = nodeid[: nodeid.rfind("@")]
+        self.tests[nodeid] = self.tests.get(nodeid, 0.0) + report.duration
+        path = nodeid.split("::", 1)[0]
         row = self.files.setdefault(path, [0.0, 0, float("inf"), 0.0])
         row[0] += report.duration
         row[1] += report.when == "call" or (report.when == "setup" and report.outcome != "passed")
-        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
         if start is not None and stop is not None:
             row[2], row[3] = min(row[2], start), max(row[3], stop)
 
@@ -193,6 +261,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         tr.write_line(f"{busy:8.1f} {span} {int(count):5d}  {path}")
     total = sum(r[0] for r in budget.files.values())
     tr.write_line(f"{total:8.1f} {'':>8} {'':>5}  all {len(rows)} files (busy / wall = {total / max(wall, 1e-9):.2f})")
+    if budget.workers:  # the tail: when each worker ran out of work
+        t_end = max(stop for _, stop in budget.workers.values())
+        tr.write_line("per worker: busy s, and idle s at the end (the last worker's end is the run's)")
+        for name, (busy, stop) in sorted(budget.workers.items()):
+            tr.write_line(f"{busy:8.1f} {t_end - stop:8.1f}        {name}")
+    if path := config.getoption("record_durations", None):
+        kept = {k: round(v, 1) for k, v in sorted(budget.tests.items()) if v >= UNKNOWN_S}
+        Path(path).write_text(json.dumps({"unknown_s": UNKNOWN_S, "tests": kept}, indent=0) + "\n")
+        tr.write_line(f"durations of {len(kept)} tests (≥ {UNKNOWN_S:g} s) written to {path}")
 
 
 def require(ok: bool, why: str) -> None:

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import longest_first
 
 from swe_gym_env import procs
 
@@ -81,20 +82,27 @@ def test_alone(thing):
 """
 
 
-@pytest.mark.slow
-def test_once_per_run_alone_and_the_budget_under_xdist(tmp_path):
-    (tmp_path / "test_inner.py").write_text(RUN_TESTS)
+def run_inner(tmp_path: Path, tests: str, workers: int, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`tests` (as test_inner.py) under a real pytest-xdist run with this suite's conftest; its output and the tests'
+    log rows."""
+    (tmp_path / "test_inner.py").write_text(tests)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     log = tmp_path / "log.jsonl"
     env = {**os.environ, "H1_LOG": str(log), "PYTHONPATH": str(TESTS)}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_TESTRUNUID", None)
-    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-n", "3", "--dist", "loadgroup"]
+    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-n", str(workers), "--dist", "loadgroup", *args]
     argv += ["-p", "no:cacheprovider"]
     argv += ["--basetemp", str(tmp_path / "base"), "-c", str(tmp_path / "pytest.ini"), str(tmp_path / "test_inner.py")]
     out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    return out, [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_once_per_run_alone_and_the_budget_under_xdist(tmp_path):
+    recorded = tmp_path / "durations.json"
+    out, rows = run_inner(tmp_path, RUN_TESTS, 3, "--record-durations", str(recorded))
     made = [r for r in rows if r.get("made")]
     assert len(made) == 1, rows  # once, for every worker
     got = {json.dumps(r["got"]) for r in rows if "got" in r}
@@ -109,3 +117,51 @@ def test_once_per_run_alone_and_the_budget_under_xdist(tmp_path):
     assert beside == [], (alone, spans)
     assert "budget: 3 worker(s)" in out.stdout, out.stdout[-3000:]
     assert "test_inner.py" in out.stdout.split("budget: 3 worker(s)")[1], out.stdout[-3000:]
+    assert "per worker: busy s, and idle s at the end" in out.stdout, out.stdout[-3000:]
+    kept = json.loads(recorded.read_text())["tests"]
+    assert kept["test_inner.py::test_alone"] >= 1.0  # sleeps 1 s
+    assert min(kept.values()) >= 1.0, kept
+    # a busy test takes 0.5 s (those waiting for `thing` to be made take longer): some are under what the file keeps
+    assert sum("busy" in k for k in kept) < 8, kept
+
+
+ORDER_TESTS = """
+import json, os
+from pathlib import Path
+import pytest
+
+def note(test):
+    with Path(os.environ["H1_LOG"]).open("a") as f:
+        f.write(json.dumps({"test": test}) + "\\n")
+
+@pytest.mark.parametrize("i", range(8))
+def test_busy(i):
+    note(f"busy{i}")
+
+def test_alone():
+    note("alone")
+"""
+
+
+@pytest.mark.slow
+def test_a_parallel_run_hands_out_the_longest_work_first(tmp_path):
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps({"tests": {"test_inner.py::test_busy[5]": 50, "test_inner.py::test_alone": 20}}))
+    # one worker: it runs the units in the order xdist hands them out
+    _, rows = run_inner(tmp_path, ORDER_TESTS, 1, "--durations-from", str(times))
+    assert [r["test"] for r in rows] == ["busy5", "alone", *(f"busy{i}" for i in (0, 1, 2, 3, 4, 6, 7))], rows
+
+
+class FakeItem:
+    def __init__(self, nodeid: str, group: str | None = None) -> None:
+        self.nodeid, self.group = nodeid, group
+
+    def iter_markers(self, name: str):
+        return [pytest.mark.xdist_group(self.group).mark] if name == "xdist_group" and self.group else []
+
+
+def test_longest_first_sorts_units_by_their_summed_time_and_keeps_each_unit_together_in_order():
+    items = [FakeItem("a"), FakeItem("g1", "g"), FakeItem("b"), FakeItem("g2", "g"), FakeItem("c"), FakeItem("d")]
+    times = {"a": 5.0, "g1": 3.0, "g2": 3.0, "c": 30.0}  # g: 6 s in all; b and d unknown (1 s each)
+    longest_first(items, [i.nodeid for i in items], times)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == ["c", "g1", "g2", "a", "b", "d"]
