@@ -51,16 +51,14 @@ def test_a_port_taken_by_another_server_fails_loudly_naming_it():
                 procs.stop(p)
 
 
-RUN_TESTS = """
+INNER_PLUGIN = """
 import json, os, time
 from pathlib import Path
 import pytest
 from conftest import once_per_run
 
-LOG = Path(os.environ["H1_LOG"])
-
 def note(**kw):
-    with LOG.open("a") as f:
+    with Path(os.environ["H1_LOG"]).open("a") as f:
         f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER"), "t": time.time(), **kw}) + "\\n")
 
 def make():
@@ -68,9 +66,15 @@ def make():
     time.sleep(1)
     return {"built": os.environ.get("PYTEST_XDIST_WORKER")}
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session")  # here, not in the test module: a module's own fixture would group its tests
 def thing(tmp_path_factory):
     return once_per_run(tmp_path_factory, "thing", make)
+"""
+
+RUN_TESTS = """
+import time
+import pytest
+from inner_plugin import note
 
 @pytest.mark.parametrize("i", range(8))
 def test_busy(i, thing):
@@ -81,17 +85,54 @@ def test_alone(thing):
     note(test="alone", start=time.time()); time.sleep(1); note(test="alone", end=time.time(), got=thing)
 """
 
+GROUP_TESTS = """
+import time
+import pytest
+from inner_plugin import note
+
+@pytest.fixture(scope="module")  # the module's own: its tests are one group (tests/conftest.py)
+def server():
+    return "up"
+
+@pytest.mark.parametrize("i", range(4))
+def test_module_group(i, server):
+    note(test=f"module{i}"); time.sleep(0.3)
+
+@pytest.mark.xdist_group("g")
+@pytest.mark.parametrize("i", range(4))
+def test_marked_group(i):
+    note(test=f"marked{i}"); time.sleep(0.3)
+
+@pytest.mark.parametrize("i", range(8))
+def test_free(i):
+    note(test=f"free{i}"); time.sleep(0.3)
+"""
+
 
 def run_inner(tmp_path: Path, tests: str, workers: int, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """`tests` (as test_inner.py) under a real pytest-xdist run with this suite's conftest; its output and the tests'
     log rows."""
     (tmp_path / "test_inner.py").write_text(tests)
+    (tmp_path / "inner_plugin.py").write_text(INNER_PLUGIN)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     log = tmp_path / "log.jsonl"
-    env = {**os.environ, "H1_LOG": str(log), "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "H1_LOG": str(log), "PYTHONPATH": f"{TESTS}{os.pathsep}{tmp_path}"}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_TESTRUNUID", None)
-    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-n", str(workers), "--dist", "loadgroup", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "conftest",
+        "-p",
+        "inner_plugin",
+        "-n",
+        str(workers),
+        "--dist",
+        "loadgroup",
+    ]
+    argv += args
     argv += ["-p", "no:cacheprovider"]
     argv += ["--basetemp", str(tmp_path / "base"), "-c", str(tmp_path / "pytest.ini"), str(tmp_path / "test_inner.py")]
     out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -150,6 +191,19 @@ def test_a_parallel_run_hands_out_the_longest_work_first(tmp_path):
     # one worker: it runs the units in the order xdist hands them out
     _, rows = run_inner(tmp_path, ORDER_TESTS, 1, "--durations-from", str(times))
     assert [r["test"] for r in rows] == ["busy5", "alone", *(f"busy{i}" for i in (0, 1, 2, 3, 4, 6, 7))], rows
+
+
+@pytest.mark.slow
+def test_a_group_keeps_to_one_worker(tmp_path):
+    """A module's own fixture, or an xdist_group mark, keeps its tests on one worker; the rest spread. (With pytest
+    9.2 and pytest-xdist 3.8 the groups were silently ignored: pytest-xdist#1386, hence the pin in pyproject.toml.)"""
+    _, rows = run_inner(tmp_path, GROUP_TESTS, 3)
+    workers: dict[str, set[str]] = {}
+    for r in rows:
+        workers.setdefault(r["test"].rstrip("0123456789"), set()).add(r["worker"])
+    assert len(rows) == 16, rows
+    assert len(workers["module"]) == 1 and len(workers["marked"]) == 1, workers
+    assert len(workers["free"]) > 1, workers
 
 
 class FakeItem:
