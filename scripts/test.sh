@@ -12,9 +12,11 @@
 # pytest runs in parallel (pytest-xdist, `--dist loadgroup`): the tests mostly wait on agents, sandboxes, servers
 # and docker, so several workers run side by side (2 per core, at most one per 3 GiB of memory, at least 2; or
 # PYTEST_XDIST_AUTO_NUM_WORKERS; or -n N among the arguments, -n 0 for a serial run); tests that share a heavy
-# resource stay on one worker (tests/conftest.py: GROUPS).
+# resource stay on one worker (tests/conftest.py: GROUPS), and work is handed out longest first by the wall times
+# in tests/durations.json where it exists (--record-durations PATH writes one; unknown tests count 1 s each).
 # The budget in the open: one line per setup step with its wall time (again as a table before pytest), the worker
-# count, and at the end pytest's 15 slowest tests and the 15 test files that took longest (tests/conftest.py).
+# count, and at the end pytest's 15 slowest tests, the 15 test files that took longest, and each worker's busy time
+# and idle time at the end (tests/conftest.py).
 # Extra arguments go to pytest (e.g. -m "not integration", -n 3; a later --durations or -n wins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,11 +32,37 @@ step() {  # step NAME COMMAND...: run it, print and keep its wall time
   echo "== setup step: ${steps[-1]}"
 }
 
+bg_names=() bg_pids=() bg_logs=()
+bg_step() {  # bg_step NAME COMMAND...: `step` in the background, its output kept in a file until join_steps
+  local name=$1 log
+  log=$(mktemp "${TMPDIR:-/tmp}/swe-gym-setup-step.XXXXXX")
+  step "$@" >"$log" 2>&1 &
+  bg_names+=("$name") bg_pids+=($!) bg_logs+=("$log")
+}
+join_steps() {  # wait for the background steps in the order they started: each one's output, then its wall time
+  local i rc line
+  for i in "${!bg_pids[@]}"; do
+    rc=0
+    wait "${bg_pids[$i]}" || rc=$?
+    cat "${bg_logs[$i]}"
+    line=$(grep '^== setup step: ' "${bg_logs[$i]}" | tail -n 1 || true)
+    rm -f "${bg_logs[$i]}"
+    if [ "$rc" != 0 ]; then
+      echo "== setup step failed: ${bg_names[$i]} (exit $rc)" >&2
+      exit "$rc"
+    fi
+    steps+=("${line#== setup step: } (side by side)")
+  done
+  bg_names=() bg_pids=() bg_logs=()
+}
+
 step setup.sh bash scripts/setup.sh
+# the side venvs are independent of each other and of the harnesses: set up side by side (they wait on pip and disk)
+bg_step setup_vllm.sh bash scripts/setup_vllm.sh
+bg_step setup_openenv.sh bash scripts/setup_openenv.sh
+bg_step setup_trl.sh bash scripts/setup_trl.sh
 step "swe-gym-env setup --all" .venv/bin/swe-gym-env setup --all
-step setup_vllm.sh bash scripts/setup_vllm.sh
-step setup_openenv.sh bash scripts/setup_openenv.sh
-step setup_trl.sh bash scripts/setup_trl.sh
+join_steps
 docker_was_up=0
 docker info >/dev/null 2>&1 && docker_was_up=1
 step setup_docker.sh bash scripts/setup_docker.sh
