@@ -28,13 +28,18 @@ NAME = re.compile(r"SWE_GYM_[A-Z0-9_]*[A-Z0-9_]")
 
 
 def code_files() -> list[Path]:
+    """The repo's own files (git's list: tracked, or new and not ignored), so a stale build/ or a venv never counts."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, check=True,
+    ).stdout.decode().split("\0")
     out = []
-    for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
-        for f in files:
-            p = Path(root, f)
-            if p.suffix in SUFFIXES or p.name in ("Dockerfile",) or p.name.endswith(".Dockerfile"):
-                out.append(p)
+    for rel in filter(None, listed):
+        p = REPO / rel
+        if set(Path(rel).parts[:-1]) & SKIP_DIRS or not p.is_file():
+            continue
+        if p.suffix in SUFFIXES or p.name in ("Dockerfile",) or p.name.endswith(".Dockerfile"):
+            out.append(p)
     return out
 
 
