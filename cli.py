@@ -296,9 +296,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     from swe_gym_env.server.agents.bundle import bundle_status
     from swe_gym_env.server.agents.registry import get_harness
     from swe_gym_env.server.info import gather_info
+    from swe_gym_env.settings import setting
 
     _apply_engine_args(args)
-    out = asyncio.run(gather_info(os.environ.get("SWE_GYM_ENGINE_URL")))  # as `serve` may have set it
+    out = asyncio.run(gather_info(setting("engine_url")))  # as `serve` may have set it
     for name, row in out.get("agents", {}).items():  # per harness: its bundle built or not, and its size
         row["bundle"] = bundle_status(get_harness(name))
     print(json.dumps(out, indent=2))

@@ -32,7 +32,7 @@ from swe_gym_env.server.agents.pi import PiHarness
 from swe_gym_env.server.assets import task_runtime_dir
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.bundles import glibc_problem, glibc_version
-from swe_gym_env.server.sandbox.docker import DEFAULT_IMAGE
+from swe_gym_env.server.sandbox.docker import default_image
 from swe_gym_env.tasks.catalog import BUNDLED_DIR, bundled_tasks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -248,8 +248,8 @@ def build_image(name: str, dockerfile: str, context: Path) -> str:
 
 @pytest.fixture(scope="module")
 def no_node_image(tmp_path_factory, need_docker) -> str:
-    base_id = docker("image", "inspect", "--format", "{{.Id}}", DEFAULT_IMAGE).stdout.strip()
-    require(bool(base_id), f"the docker base image {DEFAULT_IMAGE} is missing: run scripts/setup_docker.sh")
+    base_id = docker("image", "inspect", "--format", "{{.Id}}", default_image()).stdout.strip()
+    require(bool(base_id), f"the docker base image {default_image()} is missing: run scripts/setup_docker.sh")
     site = next(task_runtime_dir().glob("lib/python3*/site-packages"), None)
     require(site is not None, f"task runtime missing at {task_runtime_dir()}: run `swe-gym-env setup`")
     assert site is not None

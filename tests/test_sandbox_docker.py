@@ -128,7 +128,7 @@ async def test_orphans_of_a_dead_incarnation_are_reaped_and_containers_expire_by
     docker(
         "run", "-d", "--rm", "--name", name, "--network", "none", "--label", f"swe-gym.server={server_id()}",
         "--label", f"swe-gym.host={HOST}", "--label", "swe-gym.pid=999999999",  # a server pid that is gone
-        docker_backend.DEFAULT_IMAGE, "sleep", "300",
+        docker_backend.default_image(), "sleep", "300",
     )  # fmt: skip
     assert name in docker("ps", "--format", "{{.Names}}")
     reaped = docker_backend.reap_orphans()

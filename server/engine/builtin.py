@@ -38,7 +38,7 @@ def builtin_engine() -> dict | None:
 def builtin_unless_configured(served_model: str, log: Callable[[str], None]) -> Iterator[None]:
     """With $SWE_GYM_ENGINE_URL unset: the built-in engine becomes the default engine (SWE_GYM_ENGINE_URL /
     _MODEL set to it) while the block runs; with it set, nothing changes."""
-    if os.environ.get("SWE_GYM_ENGINE_URL"):
+    if setting("engine_url"):
         os.environ.pop(BUILTIN_ENGINE_ENV, None)  # only this function says the built-in engine runs
         yield
         return

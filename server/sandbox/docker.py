@@ -50,11 +50,16 @@ from swe_gym_env.server.sandbox.base import (
 )
 from swe_gym_env.server.sandbox.local import RELAY_SCRIPT, RUNTIME_MOUNT, SOCKET_DIR
 from swe_gym_env.server.tempdirs import owner_dead, server_id
+from swe_gym_env.settings import setting
 
-DEFAULT_IMAGE = os.environ.get("SWE_GYM_DOCKER_IMAGE", "swe-gym-env/base:bookworm")
 BUNDLE_MOUNT = "/opt/swe-gym/repo"
 HOME = "/home/agent"
 FIND_PYTHON = "PY=$(command -v python3 || echo /opt/miniconda3/bin/python3); "
+
+
+def default_image() -> str:
+    """The base image of a sandbox whose spec names none ($SWE_GYM_DOCKER_IMAGE, read at use)."""
+    return setting("docker_image")
 
 
 def docker_bin() -> str:
@@ -96,12 +101,13 @@ def preflight() -> tuple[bool, str]:
         return False, "the docker daemon does not answer (10 s): start dockerd (scripts/setup_docker.sh)"
     if r.returncode != 0:
         return False, f"no docker daemon: {r.stderr.strip()[:200]}; start one (scripts/setup_docker.sh)"
-    if _sync_docker("image", "inspect", DEFAULT_IMAGE, timeout=10).returncode != 0:
+    image = default_image()
+    if _sync_docker("image", "inspect", image, timeout=10).returncode != 0:
         return False, (
-            f"dockerd {r.stdout.strip()} answers, but the default image {DEFAULT_IMAGE} is MISSING: build it "
+            f"dockerd {r.stdout.strip()} answers, but the default image {image} is MISSING: build it "
             "(scripts/setup_docker.sh)"
         )
-    return True, f"dockerd {r.stdout.strip()}; default image {DEFAULT_IMAGE} present"
+    return True, f"dockerd {r.stdout.strip()}; default image {image} present"
 
 
 def reap_orphans() -> list[str]:
@@ -164,7 +170,7 @@ class DockerSandbox(SandboxBase):
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> DockerSandbox:
-        image = spec.image or DEFAULT_IMAGE
+        image = spec.image or default_image()
         rc, out, err = await docker("image", "inspect", "--format", "{{json .Config.Env}}", image, timeout=30)
         if rc != 0:
             if b"no such image" not in err.lower():
