@@ -177,7 +177,8 @@ def url(stack: Stack) -> str:
 
 
 async def watch_in_flight(stack: Stack, peak: list[int], stop: asyncio.Event) -> None:
-    async with httpx.AsyncClient(timeout=5) as http:
+    # /health probes the disk store in a thread: on a 2-core machine saturated by the suite it once took over 5 s
+    async with httpx.AsyncClient(timeout=60) as http:
         while not stop.is_set():
             body = (await http.get(f"{url(stack)}/health")).json()
             peak[0] = max(peak[0], (body.get("capacity") or {}).get("in_flight", body["rollouts_in_flight"]))

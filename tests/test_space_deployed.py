@@ -326,24 +326,46 @@ async def test_fault_mid_agent(space, hf_emulator, fault, says):
         assert job in (r.error or ""), f"the error does not name the job: {r.error}"
 
 
+async def both_in_flight(space: Space, rids: list[str], timeout: float) -> bool:
+    """Wait until every rollout is running past its first turn at once (True); False as soon as one has finished
+    before that (on a loaded machine one rollout can boot minutes after the other)."""
+    end = time.monotonic() + timeout
+    while True:
+        states = await asyncio.to_thread(lambda: [status(space, rid) for rid in rids])
+        summaries = [s.get("summary") or {} for s in states]
+        if all(
+            s.get("state") == "running" and m.get("phase") in ("agent", "diff", "grade") and (m.get("turns") or 0) >= 1
+            for s, m in zip(states, summaries, strict=True)
+        ):
+            return True
+        if any(s.get("state") == "finished" for s in states):
+            return False
+        if time.monotonic() > end:
+            shown = [(s.get("state"), m.get("phase"), m.get("turns")) for s, m in zip(states, summaries, strict=True)]
+            raise AssertionError(f"timed out ({timeout:.0f} s) waiting for both past their first turn: {shown}")
+        await asyncio.sleep(0.5)
+
+
 async def test_server_killed_mid_rollout_and_restarted(space, hf_emulator):
-    rids = {sandbox: uuid.uuid4().hex for sandbox in ("hf", "hf-pool")}
-    running = [asyncio.create_task(rollout(space, rollout_id=rid, sandbox=b)) for b, rid in rids.items()]
-    try:
-        # both at once, anywhere from their first turn to their grade (one at a time missed the second's agent
-        # phase on a quiet machine: it had finished while the first was awaited)
-        await until(
-            lambda: all(in_agent_with_turns(space, rid, ("agent", "diff", "grade")) for rid in rids.values()),
-            300,
-            "both rollouts past the agent's first turn",
-        )
-        await asyncio.to_thread(docker, "kill", space.name)
-        await asyncio.gather(*running, return_exceptions=True)  # the callers see their connection drop
-        await asyncio.to_thread(docker, "start", space.name)
-        await asyncio.to_thread(space.wait_healthy)
-    finally:
-        for t in running:
-            t.cancel()
+    for _ in range(3):  # both must be in flight when the server dies: a pair where one ended first is tried again
+        rids = {sandbox: uuid.uuid4().hex for sandbox in ("hf", "hf-pool")}
+        running = [asyncio.create_task(rollout(space, rollout_id=rid, sandbox=b)) for b, rid in rids.items()]
+        try:
+            # both at once, anywhere from their first turn to their grade (one at a time missed the second's agent
+            # phase on a quiet machine: it had finished while the first was awaited)
+            if not await both_in_flight(space, list(rids.values()), 600):
+                await asyncio.gather(*running, return_exceptions=True)
+                continue
+            await asyncio.to_thread(docker, "kill", space.name)
+            await asyncio.gather(*running, return_exceptions=True)  # the callers see their connection drop
+            await asyncio.to_thread(docker, "start", space.name)
+            await asyncio.to_thread(space.wait_healthy)
+            break
+        finally:
+            for t in running:
+                t.cancel()
+    else:
+        pytest.fail("in 3 tries, one rollout always finished before the other was past its first turn")
     for rid in rids.values():
         s = status(space, rid)
         assert s["state"] == "finished" and s["result"]["ok"] is False, s
