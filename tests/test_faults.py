@@ -48,9 +48,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow, pyte
 
 HOSTILE = Path(__file__).resolve().parent / "hostile_engine.py"
 GRADING_TIMEOUT_S = 8
-HANG_DEADLINE_S = 40.0  # rollouts that must run into a deadline: the agent gets 80% of it
-STALL_TIMEOUT_S = 5  # the server's stall timeout here: a silent engine stream ends its call after this long (2 s
-# was too short for an honest engine on 2 cores with the suite running 4 workers beside it)
+HANG_DEADLINE_S = 60.0  # a hang before the first byte: the stall clock must end it within the agent's share (48 s)
+STALL_TIMEOUT_S = 10  # the server's stall timeout here: a silent engine stream ends its call after this long (2 s,
+# then 5 s, were too short for an honest engine's first call on 2 cores saturated by the suite's 4 workers)
 MIDSTREAM_DEADLINE_S = 180.0  # a stall mid-stream: without the stall clock the agent's share (80%, 144 s) runs out
 STALLED_BY_S = 100.0  # with it the rollout ends before this: agent start-up and its first call take ~30-55 s here
 SHORT_CONTEXT = 2048  # the short engine's context: below every harness's floor (min_context_tokens)
