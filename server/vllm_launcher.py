@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from swe_gym_env import procs
 from swe_gym_env.settings import setting
 
 CAPTURE_FLAGS = ["--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs", "--enable-auto-tool-choice"]
+RPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: ZMQ refuses a longer ipc:// path
 VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -123,6 +125,25 @@ def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
     argv = vllm_argv(opts, port, python)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update({k: v for k, v in VLLM_ENV.items() if k not in os.environ})
+    # vLLM's ZMQ sockets go to $VLLM_RPC_BASE_PATH (default: the temp folder) and outlive it: a folder of our own,
+    # removed after; /tmp when the temp folder's path is too long for a socket's (107 bytes: <folder>/<uuid4>)
+    rpc_dir = None
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        base = tempfile.gettempdir()
+        base = base if len(base) + len("/swe-gym-vllm-rpc-12345678/") + 36 <= RPC_PATH_MAX else "/tmp"
+        rpc_dir = tempfile.mkdtemp(prefix="swe-gym-vllm-rpc-", dir=base)
+    if rpc_dir:
+        env["VLLM_RPC_BASE_PATH"] = rpc_dir
+    try:
+        with _vllm_process(opts, argv, env, port, log) as url:
+            yield url
+    finally:
+        if rpc_dir:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _vllm_process(opts: VllmOptions, argv: list[str], env: dict[str, str], port: int, log) -> Iterator[str]:
     log_file = tempfile.NamedTemporaryFile(prefix="swe-gym-vllm-", suffix=".log", delete=False)
     log(f"starting vLLM: {shlex.join(argv)} (log: {log_file.name})")
     proc = subprocess.Popen(

@@ -157,7 +157,7 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parity")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(VLLM_ENV, VLLM_SERVER_DEV_MODE="1")
+    env.update(VLLM_ENV, VLLM_SERVER_DEV_MODE="1", VLLM_RPC_BASE_PATH=str(tmp))  # its ZMQ sockets, not in /tmp
     cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), *VLLM_ARGS]
     with open(tmp / "vllm.log", "wb") as log:
         proc = subprocess.Popen(

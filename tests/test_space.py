@@ -8,8 +8,10 @@ import inspect
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -352,6 +354,9 @@ def test_serve_vllm_model_makes_vllm_the_default_engine(tmp_path, need_pi):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWE_GYM_ENGINE_")}
     env.update(SWE_GYM_DATA_DIR=str(tmp_path), SWE_GYM_VLLM_PYTHON=str(vllm_python), HF_HUB_OFFLINE="1")
     env["TRANSFORMERS_OFFLINE"] = "1"
+    # the server's and vLLM's temp folder, to see what they leave there (short: unix socket paths live in it)
+    tmp = Path(tempfile.mkdtemp(prefix="sgt-", dir="/tmp"))
+    env["TMPDIR"] = str(tmp)
     argv = [*ME, "serve", "--port", str(port), "--vllm-model", str(model), "--vllm-served-name", MODEL]
     argv += ["--vllm-chat-template", str(TEMPLATE_PATH), "--vllm-startup-timeout", "540"]
     argv += ["--vllm-args", "--dtype float32 --max-model-len 8192 --max-num-seqs 4 --enforce-eager"]
@@ -385,3 +390,8 @@ def test_serve_vllm_model_makes_vllm_the_default_engine(tmp_path, need_pi):
     if vllm_url:  # the server took its vLLM down with it
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{vllm_url}/health", timeout=2)
+    # vLLM's ZMQ sockets (default: $TMPDIR/<uuid>) went into a folder of the launcher's, removed with it
+    left = sorted(tmp.rglob("*"))
+    sockets = [str(p) for p in left if p.is_socket() or "swe-gym-vllm-rpc-" in str(p)]
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert not sockets, [str(p) for p in left]

@@ -111,7 +111,7 @@ def _serve_vllm(tmp_path_factory, extra_args: list[str] | None = None):
     port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(VLLM_ENV)
+    env.update(VLLM_ENV, VLLM_RPC_BASE_PATH=str(log_path.parent))  # its ZMQ sockets, not left in /tmp
     args = list(VLLM_ARGS)
     for flag, value in zip((extra_args or [])[::2], (extra_args or [])[1::2], strict=True):
         if flag in args:
