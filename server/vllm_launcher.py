@@ -131,9 +131,7 @@ def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
     if "VLLM_RPC_BASE_PATH" not in os.environ:
         base = tempfile.gettempdir()
         base = base if len(base) + len("/swe-gym-vllm-rpc-12345678/") + 36 <= RPC_PATH_MAX else "/tmp"
-        rpc_dir = tempfile.mkdtemp(prefix="swe-gym-vllm-rpc-", dir=base)
-    if rpc_dir:
-        env["VLLM_RPC_BASE_PATH"] = rpc_dir
+        rpc_dir = env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="swe-gym-vllm-rpc-", dir=base)
     try:
         with _vllm_process(opts, argv, env, port, log) as url:
             yield url

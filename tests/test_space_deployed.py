@@ -178,10 +178,14 @@ def status(space: Space, rid: str) -> dict:
     return r.json() if r.status_code == 200 else {}
 
 
-def in_agent_with_turns(space: Space, rid: str, phases: tuple[str, ...] = ("agent",)) -> bool:
-    s = status(space, rid)
+def past_first_turn(s: dict, phases: tuple[str, ...] = ("agent",)) -> bool:
+    """A rollout's status (`status`): running, in one of `phases`, with at least one captured turn."""
     summary = s.get("summary") or {}
     return s.get("state") == "running" and summary.get("phase") in phases and (summary.get("turns") or 0) >= 1
+
+
+def in_agent_with_turns(space: Space, rid: str) -> bool:
+    return past_first_turn(status(space, rid))
 
 
 # -- item 4: a fresh Space says what it can run ---------------------------------------------------------------------
@@ -332,15 +336,12 @@ async def both_in_flight(space: Space, rids: list[str], timeout: float) -> bool:
     end = time.monotonic() + timeout
     while True:
         states = await asyncio.to_thread(lambda: [status(space, rid) for rid in rids])
-        summaries = [s.get("summary") or {} for s in states]
-        if all(
-            s.get("state") == "running" and m.get("phase") in ("agent", "diff", "grade") and (m.get("turns") or 0) >= 1
-            for s, m in zip(states, summaries, strict=True)
-        ):
+        if all(past_first_turn(s, ("agent", "diff", "grade")) for s in states):
             return True
         if any(s.get("state") == "finished" for s in states):
             return False
         if time.monotonic() > end:
+            summaries = [s.get("summary") or {} for s in states]
             shown = [(s.get("state"), m.get("phase"), m.get("turns")) for s, m in zip(states, summaries, strict=True)]
             raise AssertionError(f"timed out ({timeout:.0f} s) waiting for both past their first turn: {shown}")
         await asyncio.sleep(0.5)
