@@ -12,15 +12,27 @@ from pathlib import Path
 
 from swe_gym_env.settings import setting
 
+SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: a unix socket's path is at most this many bytes
+OWNED_NAME_MAX = 7 + 1 + 8  # what owned_dir adds to its prefix: <pid>-<mkdtemp's 8 characters>
 
-def owned_dir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+
+def socket_base(room: int) -> str:
+    """The temp folder, or /tmp where `<temp folder>/<room bytes>` would be too long for a unix socket's path (a
+    deep TMPDIR: bind() fails with "AF_UNIX path too long")."""
+    base = tempfile.gettempdir()
+    return base if len(os.fsencode(base)) + 1 + room <= SUN_PATH_MAX else "/tmp"
+
+
+def owned_dir(prefix: str, base: str | None = None) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
 
 
 def reap_orphans(prefix: str) -> list[str]:
-    """Remove `<prefix><pid>-…` dirs whose owning process no longer exists."""
+    """Remove `<prefix><pid>-…` dirs whose owning process no longer exists (in the temp folder, and in /tmp, where
+    `socket_base` puts them under a deep one)."""
     removed = []
-    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+    bases = dict.fromkeys([tempfile.gettempdir(), "/tmp"])
+    for path in [p for base in bases for p in Path(base).glob(f"{prefix}*-*")]:
         pid = path.name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(path, ignore_errors=True)

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swe_gym_env import procs
+from swe_gym_env.server.tempdirs import socket_base
 from swe_gym_env.settings import setting
 
 CAPTURE_FLAGS = ["--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs", "--enable-auto-tool-choice"]
-RPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: ZMQ refuses a longer ipc:// path
 VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -129,8 +129,7 @@ def running_vllm(opts: VllmOptions, log=print) -> Iterator[str]:
     # removed after; /tmp when the temp folder's path is too long for a socket's (107 bytes: <folder>/<uuid4>)
     rpc_dir = None
     if "VLLM_RPC_BASE_PATH" not in os.environ:
-        base = tempfile.gettempdir()
-        base = base if len(base) + len("/swe-gym-vllm-rpc-12345678/") + 36 <= RPC_PATH_MAX else "/tmp"
+        base = socket_base(len("swe-gym-vllm-rpc-12345678/") + 36)
         rpc_dir = env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="swe-gym-vllm-rpc-", dir=base)
     try:
         with _vllm_process(opts, argv, env, port, log) as url:

@@ -87,6 +87,24 @@ async def test_noop_agent_is_graded_zero_not_failed():
     assert result.model_patch == ""
 
 
+async def test_a_deep_tmpdir_gets_its_capture_socket_in_tmp(tmp_path):
+    """A TMPDIR too deep for a unix socket's path (bind() fails: "AF_UNIX path too long", and the server did not
+    start): the capture socket's folder goes to /tmp, a rollout runs, and the folder goes when the server stops."""
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    s = Stack("noop", env={"TMPDIR": str(deep)})
+    pid = s.server.pid
+    try:
+        (sock_dir,) = glob.glob(f"/tmp/swe-gym-capture-{pid}-*")
+        assert glob.glob(f"{sock_dir}/capture.sock") and not glob.glob(f"{deep}/swe-gym-capture-*")
+        async with SweGymClient(s.mcp_url) as c:
+            result = await c.run_rollout(harness="pi")
+    finally:
+        s.stop()
+    assert result.ok and result.reward == 0.0, result.error
+    assert not glob.glob(f"/tmp/swe-gym-capture-{pid}-*")
+
+
 async def test_dead_engine_fails_in_the_agent_phase_without_a_reward():
     s = Stack("oracle", engine_up=False)
     try:

@@ -273,6 +273,20 @@ def test_a_partial_abi_is_refused_unless_the_operator_opts_in(monkeypatch, tmp_p
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.usefixtures("need_landlock", "need_tokenizer")
+@pytest.mark.parametrize("secret", ["results", "capture.sqlite", "grading"])
+def test_a_grant_over_the_servers_stores_is_refused(secret, tmp_path, monkeypatch):
+    """A read-only mount over the results, the capture store or the grading store (each task's canaries: the mutants
+    a 1.0 must fail) is refused by name before any process starts."""
+    from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
+    from swe_gym_env.server.sandbox.landlock import LandlockSandbox
+
+    data = tmp_path / "data"
+    (data / secret).mkdir(parents=True)
+    monkeypatch.setenv("SWE_GYM_DATA_DIR", str(data))
+    with pytest.raises(SandboxError, match=f"refusing to grant {data / secret}.*{secret}"):
+        LandlockSandbox(SandboxSpec(ro_mounts={str(data / secret): "/opt/x"}), tmp_path / "root", None)
+
+
 def test_probes_from_inside_a_landlock_sandbox_on_this_host():
     check(run_driver([sys.executable, "-c", DRIVER]))
 

@@ -238,7 +238,9 @@ class LandlockSandbox(LocalSandbox):
 
     def _check_grants(self) -> None:
         data = Path(setting("data_dir") or cache_dir()).resolve()
-        secrets = [data / "results", data / "capture.sqlite", cache_dir().resolve() / "capture.sqlite"]
+        # the grading store holds each task's canaries (the mutants a 1.0 must fail): never the agent's to read
+        secrets = [data / "results", data / "capture.sqlite", data / "grading"]
+        secrets.append(cache_dir().resolve() / "capture.sqlite")
         tmp = Path(tempfile.gettempdir()).resolve()
         for g in self.ro + self.rw:
             grant = Path(g).resolve()
