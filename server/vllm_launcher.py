@@ -20,9 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from swe_gym_env import procs
 from swe_gym_env.server.tempdirs import socket_base
@@ -164,11 +167,29 @@ def _vllm_process(opts: VllmOptions, argv: list[str], env: dict[str, str], port:
             raise VllmLaunchError(
                 f"vLLM not healthy after {opts.startup_timeout_s:.0f} s (log: {log_file.name})"
             ) from e
-        log(f"vLLM ready in {took:.1f} s at {base}, serving {opts.name!r}")
+        first = _first_answer(base, opts, proc, max(60.0, opts.startup_timeout_s - took), log_file.name)
+        log(f"vLLM ready in {took:.1f} s at {base}, serving {opts.name!r} (its first answer: {first:.1f} s)")
         yield f"{base}/v1"
     finally:
         # SIGTERM vLLM's process group (API server, engine core, workers), then SIGKILL what is left
         procs.stop(proc, grace=30, group=True)
+
+
+def _first_answer(base: str, opts: VllmOptions, proc: subprocess.Popen, timeout_s: float, log_name: str) -> float:
+    """One tiny chat request before the server counts vLLM as ready: vLLM's first answer costs many times the next
+    (its one-time setup), and on a loaded 2-core machine it took longer than a rollout's engine certification allows
+    (the first rollout failed at validate: `engine unreachable: ReadTimeout`)."""
+    body = {"model": opts.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    t = time.monotonic()
+    try:
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise VllmLaunchError(f"vLLM is up but did not answer a first request: {e!r} (log: {log_name})") from e
+    if r.status_code != 200:
+        raise VllmLaunchError(f"vLLM refused a first request: HTTP {r.status_code}: {r.text[:500]} (log: {log_name})")
+    if proc.poll() is not None:
+        raise VllmLaunchError(f"vLLM exited with {proc.returncode} after its first answer (log: {log_name})")
+    return time.monotonic() - t
 
 
 @contextlib.contextmanager
