@@ -32,7 +32,7 @@ PY=${PYTHON:-python3}
 export UV_PYTHON_DOWNLOADS=never
 # Bytecode compiled once, here: uv installs without it, and where PYTHONDONTWRITEBYTECODE is set (as on this project's
 # CI machines) no process ever writes it, so every server, engine and CLI start recompiled its whole import chain
-# from source (~2 s of CPU per server start).
+# from source (a server start to /health: 11 s of CPU, 4.8 s compiled).
 "$PY" -m uv sync --frozen --extra server --extra model --extra sandboxes --python "$("$PY" -c 'import sys; print(sys.executable)')" -q \
   --compile-bytecode
 .venv/bin/python -m compileall -q -j 0 -x '/\.[^/]|/tests/|/build/' . >/dev/null  # the package's own modules
