@@ -37,7 +37,7 @@ from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.server.sandbox.registry import reap_forever
 from swe_gym_env.server.security import BodySizeLimit, access_mode, bearer, lock_reason, read_mode, read_refusal
-from swe_gym_env.server.tempdirs import OWNED_NAME_MAX, owned_dir, reap_orphans, socket_base
+from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.settings import setting
 from swe_gym_env.wire import RolloutStatus
 
@@ -99,8 +99,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         await asyncio.to_thread(service.retention.prepare)  # the capture store gives deleted pages back
         retention = asyncio.create_task(service.retention.run_forever())  # and after each finished rollout
         reap_orphans(CAPTURE_DIR_PREFIX)
-        room = len(CAPTURE_DIR_PREFIX) + OWNED_NAME_MAX + len("/capture.sock")
-        sock_dir = owned_dir(CAPTURE_DIR_PREFIX, socket_base(room))
+        sock_dir = owned_dir(CAPTURE_DIR_PREFIX, socket="capture.sock")
         os.chmod(sock_dir, 0o700)
         config.capture_socket = sock_dir / "capture.sock"
         uds = await _serve_capture_socket(capture, config.capture_socket)

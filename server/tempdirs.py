@@ -23,7 +23,10 @@ def socket_base(room: int) -> str:
     return base if len(os.fsencode(base)) + 1 + room <= SUN_PATH_MAX else "/tmp"
 
 
-def owned_dir(prefix: str, base: str | None = None) -> Path:
+def owned_dir(prefix: str, socket: str | None = None) -> Path:
+    """A new `<prefix><pid>-…` dir in the temp folder; in /tmp where it is to hold the unix socket ``socket`` (a file
+    name) and the temp folder is too deep for that socket's path."""
+    base = socket_base(len(prefix) + OWNED_NAME_MAX + 1 + len(socket)) if socket else None
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
 
 
