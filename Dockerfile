@@ -58,11 +58,13 @@ ENV HOME=/home/user \
 WORKDIR /home/user/app
 
 RUN python3 -m venv /home/user/.uv && /home/user/.uv/bin/pip install -q --no-cache-dir "uv==${UV_VERSION}"
-# Dependencies first (cached while only the code changes), exactly as uv.lock pins them.
-COPY --chown=user pyproject.toml uv.lock README.md ./
+# Dependencies first (cached while only the code or the README changes: pyproject names README.md, so an empty one
+# stands in until the tree is copied), exactly as uv.lock pins them.
+COPY --chown=user pyproject.toml uv.lock ./
 # Bytecode compiled here, in the cached layer: a container's first start (every Space restart) no longer compiles the
 # whole import chain from source.
-RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --no-install-project \
+RUN touch README.md \
+ && /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --no-install-project \
       --python "$(command -v python3)" --no-cache --compile-bytecode
 COPY --chown=user . .
 RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --python "$(command -v python3)" \

@@ -25,8 +25,9 @@ class Certificate(BaseModel):
     detail: str = ""
 
 
-async def _probe(client: httpx.AsyncClient, url: str, model: str, temperature: float) -> dict:
-    body = {
+def probe_body(model: str, temperature: float) -> dict:
+    """The certification's request: one token of a fixed prompt, with logprobs and token ids."""
+    return {
         "model": model,
         "messages": PROBE,
         "max_tokens": 1,
@@ -37,7 +38,10 @@ async def _probe(client: httpx.AsyncClient, url: str, model: str, temperature: f
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
     }
-    r = await client.post(f"{url}/chat/completions", json=body)
+
+
+async def _probe(client: httpx.AsyncClient, url: str, model: str, temperature: float) -> dict:
+    r = await client.post(f"{url}/chat/completions", json=probe_body(model, temperature))
     r.raise_for_status()
     return r.json()
 
@@ -52,9 +56,13 @@ def _first_logprobs(reply: dict) -> dict[str, float]:
 
 
 async def certify(url: str, api_key: str | None = None, timeout_s: float = 60.0) -> Certificate:
+    """``timeout_s`` bounds each answer; connecting gets at most 10 s (an engine that is not there fails at once, one
+    that is busy — a trainer's batch queued before the probe, a loaded host — gets its time)."""
     url = url.rstrip("/")
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)), headers=headers
+    ) as client:
         try:
             models = (await client.get(f"{url}/models")).json()["data"]
             model = models[0]["id"]

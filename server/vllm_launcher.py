@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from swe_gym_env import procs
+from swe_gym_env.server.certify import probe_body
 from swe_gym_env.server.tempdirs import socket_base
 from swe_gym_env.settings import setting
 
@@ -176,17 +177,19 @@ def _vllm_process(opts: VllmOptions, argv: list[str], env: dict[str, str], port:
 
 
 def _first_answer(base: str, opts: VllmOptions, proc: subprocess.Popen, timeout_s: float, log_name: str) -> float:
-    """One tiny chat request before the server counts vLLM as ready: vLLM's first answer costs many times the next
-    (its one-time setup), and on a loaded 2-core machine it took longer than a rollout's engine certification allows
-    (the first rollout failed at validate: `engine unreachable: ReadTimeout`)."""
-    body = {"model": opts.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    """The certification's two probes (`certify.probe_body`) before the server counts vLLM as ready: vLLM's first
+    answer costs many times the next (its one-time setup, and the logprobs path's), and on a loaded 2-core machine the
+    first rollout's certification timed out (`engine unreachable: ReadTimeout`). A refusal fails the start."""
     t = time.monotonic()
-    try:
-        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        raise VllmLaunchError(f"vLLM is up but did not answer a first request: {e!r} (log: {log_name})") from e
-    if r.status_code != 200:
-        raise VllmLaunchError(f"vLLM refused a first request: HTTP {r.status_code}: {r.text[:500]} (log: {log_name})")
+    for temperature in (1.0, 0.5):
+        try:
+            r = httpx.post(f"{base}/v1/chat/completions", json=probe_body(opts.name, temperature), timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise VllmLaunchError(f"vLLM is up but did not answer a first request: {e!r} (log: {log_name})") from e
+        if r.status_code != 200:
+            raise VllmLaunchError(
+                f"vLLM refused a first request: HTTP {r.status_code}: {r.text[:500]} (log: {log_name})"
+            )
     if proc.poll() is not None:
         raise VllmLaunchError(f"vLLM exited with {proc.returncode} after its first answer (log: {log_name})")
     return time.monotonic() - t

@@ -165,4 +165,7 @@ async def test_a_rollout_runs_on_docker_with_the_built_in_engine():
         stack.stop()
     assert result.ok, result.error
     assert result.reward == 1.0 and result.sandbox == "docker" and len(result.turns) >= 2
-    assert f"server={server_id()}" not in docker("ps", "--filter", "label=swe-gym.role", "--format", "{{.Labels}}")
+    # this server's own containers (its pid on this host): servers of other tests share the server id (one cache dir)
+    # and may hold containers of their own at this moment
+    mine = ["--filter", f"label=swe-gym.host={HOST}", "--filter", f"label=swe-gym.pid={stack.server.pid}"]
+    assert docker("ps", "-a", *mine, "--format", "{{.Names}} {{.Labels}}").strip() == ""

@@ -9,6 +9,8 @@ from swe_gym_env.server.rollout.record import RolloutFailure
 from swe_gym_env.server.security import engine_url_allowed
 from swe_gym_env.wire import RolloutRequest
 
+CERTIFY_ANSWER_S = 120.0
+
 
 class Engines:
     def __init__(self, config: ServerConfig) -> None:
@@ -34,7 +36,9 @@ class Engines:
     async def certificate(self, name: str, engine: EngineTarget) -> Certificate:
         cert = self._certs.get(name)
         if cert is None:
-            cert = await certify(engine.base_url, engine.api_key, timeout_s=30.0)
+            # 120 s an answer: a busy engine is reachable (a training run's vLLM has a queue; in a CI run on a
+            # loaded 2-core machine a warmed CPU vLLM took over 30 s for the one-token probe)
+            cert = await certify(engine.base_url, engine.api_key, timeout_s=CERTIFY_ANSWER_S)
             if cert.reachable:
                 self._certs[name] = cert
         return cert
