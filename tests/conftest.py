@@ -350,9 +350,17 @@ def _build_space_image() -> str:
     extra_ca = "".join(p.read_text() for p in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")))
     if extra_ca:  # this machine's TLS-intercepting egress proxy: the build must trust its CA to reach PyPI and npm
         argv += ["--build-arg", f"EXTRA_CA_CERT={extra_ca}"]
+    before = _image_id(SPACE_IMAGE)
     build = subprocess.run([*argv, str(REPO)], capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    if before and before != _image_id(SPACE_IMAGE):  # the last run's image, now untagged: ~6 GB a run otherwise
+        subprocess.run(["docker", "rmi", before], capture_output=True, timeout=300)  # its layers the new one uses stay
     return SPACE_IMAGE
+
+
+def _image_id(tag: str) -> str:
+    r = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
 
 
 CHROMIUM = Path("/usr/bin/chromium")

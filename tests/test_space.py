@@ -11,6 +11,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -251,6 +252,49 @@ def test_dockerfile_rules():
     assert "HEALTHCHECK" in text and "/health" in text and "swe-gym-env setup" in text
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".git", ".vllm-venv", "tests"} <= set(ignored)
+
+
+def _stage_setup_sources(dest: Path) -> list[str]:
+    """Copy what the Dockerfile's `COPY … ${SETUP_SRC}/…` lines copy into ``dest``/swe_gym_env, as docker does (a
+    folder source copies its contents); returns the sources."""
+    sources = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        m = re.fullmatch(r"COPY --chown=user (.+) \$\{SETUP_SRC\}(/\S*)", line)
+        if not m:
+            continue
+        target = dest / "swe_gym_env" / m.group(2).strip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        for src in m.group(1).split():
+            sources.append(src)
+            if src.endswith("/"):
+                shutil.copytree(REPO / src, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(REPO / src, target)
+    return sources
+
+
+@pytest.mark.slow
+def test_the_images_setup_layer_stages_every_module_setup_needs(tmp_path):
+    """The Dockerfile runs `swe-gym-env setup --harness all` on the modules its COPY lines stage, before the rest of
+    the code, so a code change elsewhere does not rebuild ~2 GB of bundles. Staged the same way, the command must run
+    to its end and name the very bundles the whole package finds: a module the list misses fails here, not in a
+    Space's build, and a staged setup that keyed its bundles differently would show here too."""
+    from swe_gym_env.server.agents.bundle import find_bundle
+    from swe_gym_env.server.agents.registry import HARNESSES, get_harness
+
+    bundles = {name: find_bundle(get_harness(name)) for name in HARNESSES}
+    require(all(bundles.values()), "not every harness is bundled: run `swe-gym-env setup --all`")
+    sources = _stage_setup_sources(tmp_path)
+    assert "server/agents/" in sources and "cli.py" in sources
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    code = "import runpy, sys, swe_gym_env; print('FROM', swe_gym_env.__file__, flush=True); "
+    code += "sys.argv = ['swe-gym-env', 'setup', '--harness', 'all']; "
+    code += "runpy.run_module('swe_gym_env.cli', run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"FROM {tmp_path}/swe_gym_env/__init__.py" in r.stdout  # the staged copy ran, not the checkout
+    named = dict(re.findall(r"^setup: (\S+) [^:]+: bundle (\S+) ", r.stdout, re.M))
+    assert named == {name: str(b.path) for name, b in bundles.items() if b}, r.stdout
 
 
 # -- the image, built and run with a real Docker engine --------------------------------------------------------
