@@ -82,13 +82,23 @@ async def test_eight_hangs_at_once_on_a_fresh_server_all_score_zero(fresh):
     assert sum("grade.baseline" in tm for tm in timings) >= 1  # one empty-patch run; the others waited for it
 
 
+# The task's complete test run made to take over a second, as real tasks' runs do: the bundled task's took 0.2 s on a
+# fast machine, where even the shortest timeout a deadline leaves a run (1 s) is 4 times that, and blaming the patch
+# for a hang is then right (grader.BLAME_MULTIPLE), so nothing was left to test. A new conftest.py in the test patch.
+SLOW_TESTS = (
+    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+    "@@ -0,0 +1,3 @@\n+import time\n+\n+time.sleep(1.0)\n"
+)
+
+
 @pytest.mark.integration
 @pytest.mark.usefixtures("need_sandbox")
 async def test_a_slow_honest_fix_scores_one_and_a_deadline_too_short_is_not_blamed_on_the_patch(fresh):
-    task = bundled_tasks()[0]
+    bundled = bundled_tasks()[0]
+    task = bundled.model_copy(update={"test_patch": bundled.test_patch.rstrip("\n") + "\n" + SLOW_TESTS})
     await grade(task, "", factory(task), cache_key="local")
     base = runtimes.runtime(task, "local")
-    assert base is not None
+    assert base is not None and base >= 1.0, base
     slow = write_command(INIT, f"\nimport time as _time\n\n_time.sleep({3 * base:.2f})\n", append=True)
     diff = task.patch + as_diff(BUNDLED_DIR / task.repo_source, task.base_commit, slow, fresh / "repo")
     g = await grade(task, diff, factory(task), cache_key="local", deadline_s=60)
