@@ -141,8 +141,6 @@ def create_app(config: ServerConfig) -> FastAPI:
           rollouts running at once on the default sandbox (SWE_GYM_MAX_ROLLOUTS, or SWE_GYM_MAX_ROLLOUTS_<BACKEND>),
           `in_flight` the rollouts running or queued on it, `free` = max(0, max_rollouts - in_flight); all three 0
           but `in_flight` when no backend is usable. `by_sandbox`: the same for each usable backend.
-        - `ui`: the Gradio UI at /web: `off` (SWE_GYM_UI=0), `on first visit` (built by the first request to /web,
-          about 2 s of CPU), `building`, or `ready` (an exposed server builds it as soon as it has started).
         - `engine`: only when the server runs the built-in engine (no engine configured): it is NOT a model.
         - `access`: `mode` is `token` (an access token guards starting work), `open`, or `locked` (reachable from
           outside with no secret configured: work and admin routes refused; `notice` says which secret to set);
@@ -162,7 +160,6 @@ def create_app(config: ServerConfig) -> FastAPI:
         out = {
             "status": "healthy",
             "warm": bool(getattr(app.state, "warm", None) and app.state.warm.done()),  # grading imports loaded
-            "ui": ui.state if (ui := getattr(app.state, "ui", None)) is not None else "off",
             "rollouts_in_flight": len(live),
             "capture_sessions": capture.open_sessions(),
             "openenv_sessions": len(app.state.openenv.sessions),
@@ -233,6 +230,6 @@ def create_app(config: ServerConfig) -> FastAPI:
     if setting("ui"):  # the Gradio UI at /web, and "/" redirecting there (SWE_GYM_UI)
         from swe_gym_env.ui import mount_ui
 
-        app.state.ui = mount_ui(app, service)
+        mount_ui(app, service)
     app.mount("/", wrap_mcp_app(app, mcp_app))
     return app

@@ -184,9 +184,7 @@ def test_root_redirects_to_web_and_other_routes_still_work(open_stack):
     url = base(open_stack)
     r = httpx.get(url + "/", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/web/"
-    # the first request to /web builds the UI (a loopback server: seconds of CPU, more on a loaded machine)
-    assert httpx.get(url + "/web/", timeout=120).status_code == 200
-    assert httpx.get(url + "/health").json()["ui"] == "ready"
+    assert httpx.get(url + "/web/").status_code == 200
     assert httpx.get(url + "/health").json()["status"] == "healthy"
     assert httpx.get(url + "/metadata").json()["name"] == "swe_gym_env"
     init = {
