@@ -359,7 +359,8 @@ def _build_space_image() -> str:
 
 
 def _image_id(tag: str) -> str:
-    r = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+    argv = ["docker", "image", "inspect", "--format", "{{.Id}}", tag]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     return r.stdout.strip() if r.returncode == 0 else ""
 
 
