@@ -34,6 +34,7 @@ HARNESSES: dict[str, Plugin] = {
     "openhands": Plugin(
         "swe_gym_env.server.agents.openhands:OpenHandsHarness", "swe-gym-env setup --harness openhands"
     ),
+    "kilocode": Plugin("swe_gym_env.server.agents.kilocode:KiloCodeHarness", "swe-gym-env setup --harness kilocode"),
 }
 
 SANDBOXES: dict[str, Plugin] = {

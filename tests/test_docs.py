@@ -237,7 +237,7 @@ def test_harness_table_has_a_row_per_harness_matching_the_classes():
             (
                 r
                 for r in rows
-                if r.split(" | ")[0].strip("| ").lower() == name.replace("-", "")
+                if r.split(" | ")[0].strip("| ").lower().replace(" ", "") == name.replace("-", "")
                 or r.split(" | ")[0].strip("| ").lower() == name
             ),
             None,

@@ -35,10 +35,23 @@ EVENTS = f"{AGENT_HOME}/opencode-events.jsonl"
 STDERR = f"{AGENT_HOME}/opencode-stderr.txt"
 PLUGIN = "@opencode-ai/plugin"
 OVERFLOW = "ContextOverflowError"  # the engine refused a call for the context length: OpenCode compacts, retries
+# the environment switches OpenCode and its forks take (`<PREFIX>_<switch>=1`): no models.dev fetch, no project config
+# (a task repo's own config would replace our provider), no file-finder download, update, LSP download or share
+SWITCHES = (
+    "DISABLE_MODELS_FETCH",
+    "DISABLE_PROJECT_CONFIG",
+    "DISABLE_FFF",
+    "DISABLE_AUTOUPDATE",
+    "DISABLE_LSP_DOWNLOAD",
+    "DISABLE_SHARE",
+)
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
 
 
 class OpenCodeHarness(BundledHarness):
+    """OpenCode, and the base of its forks (Kilo Code: server/agents/kilocode.py), which differ only in what the class
+    attributes below name: the binary, its environment's prefix, its config file, where its run keeps its files."""
+
     name: ClassVar[str] = "opencode"
     version: ClassVar[str] = "1.18.33"
     # its first prompt is ~7.9k tokens (system prompt + 10 tools): in less it compacts at once, never sees the task
@@ -52,9 +65,21 @@ class OpenCodeHarness(BundledHarness):
     # runtime that can check the digest where the image has no sha256sum
     bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/opencode --version && ./bin/rg --version >/dev/null"
     bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/opencode"
+    # what differs in a fork: its binary (also its config file's name and its XDG subdirectory), the prefix of its
+    # environment switches (`<PREFIX>_DISABLE_MODELS_FETCH`, ...), the files of a run, `run`'s flags and config keys
+    cli: ClassVar[str] = "opencode"
+    env_prefix: ClassVar[str] = "OPENCODE"
+    home: ClassVar[str] = HOME
+    schema: ClassVar[str] = "https://opencode.ai/config.json"
+    plugin: ClassVar[str | None] = PLUGIN  # its plugin package, whose install is pre-seeded as done
+    run_flags: ClassVar[str] = "--title task"
+    extra_switches: ClassVar[tuple[str, ...]] = ()  # more `<PREFIX>_<switch>=1` beyond SWITCHES
+    extra_env: ClassVar[dict[str, str]] = {}
+    events_path = EVENTS
+    log_path = STDERR
 
     def binary(self, root: Path) -> Path:
-        return root / "node_modules" / self.package / "bin" / "opencode"
+        return root / "node_modules" / self.package / "bin" / self.cli
 
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
@@ -63,11 +88,11 @@ class OpenCodeHarness(BundledHarness):
         return root
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        return {"bin/opencode": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
+        return {f"bin/{self.cli}": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
 
-    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
-        config = {
-            "$schema": "https://opencode.ai/config.json",
+    def config(self, cfg: AgentConfig) -> dict:
+        return {
+            "$schema": self.schema,
             "provider": {
                 PROVIDER: {
                     "npm": "@ai-sdk/openai-compatible",
@@ -88,35 +113,35 @@ class OpenCodeHarness(BundledHarness):
             "share": "disabled",
             "snapshot": False,
         }
-        conf_dir = f"{HOME}/config/opencode"
-        # Pre-seeded as if the plugin install had already run: otherwise OpenCode runs `bun install` in the background.
-        package = {"dependencies": {PLUGIN: self.version}}
-        lock = {"lockfileVersion": 3, "packages": {"": {"dependencies": {PLUGIN: self.version}}}}
-        return {
-            f"{conf_dir}/opencode.json": (json.dumps(config, indent=2).encode(), 0o600),
-            f"{conf_dir}/package.json": (json.dumps(package).encode(), 0o600),
-            f"{conf_dir}/package-lock.json": (json.dumps(lock).encode(), 0o600),
-            f"{conf_dir}/node_modules/.keep": (b"", 0o600),
-            f"{HOME}/tmp/.keep": (b"", 0o600),
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        conf_dir = f"{self.home}/config/{self.cli}"
+        files = {
+            f"{conf_dir}/{self.cli}.json": (json.dumps(self.config(cfg), indent=2).encode(), 0o600),
+            f"{self.home}/tmp/.keep": (b"", 0o600),
             f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
             f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
         }
+        if self.plugin:  # pre-seeded as if the plugin install had already run: else it runs `bun install` at start
+            package = {"dependencies": {self.plugin: self.version}}
+            lock = {"lockfileVersion": 3, "packages": {"": {"dependencies": {self.plugin: self.version}}}}
+            files[f"{conf_dir}/package.json"] = (json.dumps(package).encode(), 0o600)
+            files[f"{conf_dir}/package-lock.json"] = (json.dumps(lock).encode(), 0o600)
+            files[f"{conf_dir}/node_modules/.keep"] = (b"", 0o600)
+        return files
 
     def command(self, cfg: AgentConfig) -> str:
-        mount = BUNDLE_MOUNT
+        mount, home, p = BUNDLE_MOUNT, self.home, self.env_prefix
+        switches = " ".join(f"{p}_{s}=1" for s in (*SWITCHES, *self.extra_switches))
+        extra = "".join(f" {k}={shlex.quote(v)}" for k, v in self.extra_env.items())
         return (
             f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export PATH={mount}/bin:$PATH XDG_CONFIG_HOME={HOME}/config XDG_CACHE_HOME={HOME}/cache "
-            f"XDG_DATA_HOME={HOME}/data XDG_STATE_HOME={HOME}/state TMPDIR={HOME}/tmp "
-            "OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_PROJECT_CONFIG=1 OPENCODE_DISABLE_FFF=1 "
-            "OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 OPENCODE_DISABLE_SHARE=1\n"
-            "unset OPENCODE_CONFIG OPENCODE_CONFIG_CONTENT OPENCODE_CONFIG_DIR\n"
-            f"{mount}/bin/opencode run --format json --title task "
-            f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {STDERR}"
+            f"export PATH={mount}/bin:$PATH XDG_CONFIG_HOME={home}/config XDG_CACHE_HOME={home}/cache "
+            f"XDG_DATA_HOME={home}/data XDG_STATE_HOME={home}/state TMPDIR={home}/tmp {switches}{extra}\n"
+            f"unset {p}_CONFIG {p}_CONFIG_CONTENT {p}_CONFIG_DIR\n"
+            f"{mount}/bin/{self.cli} run --format json {self.run_flags} "
+            f"< {AGENT_HOME}/prompt.txt > {self.events_path} 2> {self.log_path}"
         )
-
-    events_path = EVENTS
-    log_path = STDERR
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()

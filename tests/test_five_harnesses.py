@@ -1,0 +1,166 @@
+"""The harnesses of issue 42 (Kilo Code, Qwen Code, Cline, Kimi CLI, Mistral Vibe) end to end, each as one
+`swe-gym-env demo --harness X` in a subprocess: the real CLI from its agent bundle against the built-in engine's
+oracle through /capture, the local bubblewrap sandbox, real grading, the agent's own log cross-checked against the
+capture — and, the whole run traced with strace (connect / sendto / sendmsg and the process tree), proof that nothing
+in the agent's process tree opened a connection or looked up a name other than through the capture relay.
+
+Which processes are the agent's: those started (directly or below) by a command that names the agent's bundle (at
+/opt/swe-gym-agent in `local` / `docker`, the bundle's host directory under `landlock`). What counts as an outbound
+attempt from them: a connection or datagram to any address but 127.0.0.1 (the relay / capture port), anything to
+port 53, and any unix socket but the capture's (nscd, systemd-resolved, D-Bus). Netlink (the interface list Node and
+Bun read at start) is not a network peer. The watcher is itself tested on a process that does look up a name."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require
+
+from swe_gym_env.server.agents.base import AgentConfig, AgentError
+from swe_gym_env.server.agents.registry import get_harness
+
+FIVE = ["kilocode"]  # the harnesses of issue 42 landed so far
+TRACED = "connect,sendto,sendmsg,process"
+_LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
+# a clone's return: the child's pid, as strace's own namespace numbers it where the caller is in another
+# (`--decode-pids=pidns`: "= 7 /* 7830 in strace's PID NS */")
+_RET = re.compile(r"\)\s*=\s*(-?\d+)(?: /\* (\d+) in strace's PID NS \*/)?$")
+_INET = re.compile(r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_addr|inet_pton\(AF_INET6?)\(?"([^"]+)"')
+_UNIX = re.compile(r'sa_family=AF_UNIX, sun_path=@?"([^"]*)"')
+AGENT_MARK = re.compile(r'execve\("[^"]*", \[.*(?:/opt/swe-gym-agent/|/bundles/[^/"]+-[0-9a-f]{16}/)')
+CAPTURE_SOCKET = "capture.sock"
+
+
+def strace_argv(out: Path) -> list[str]:
+    # -s: whole strings (a truncated argv would hide the bundle's path)
+    argv = ["strace", "-f", "--seccomp-bpf", "--decode-pids=pidns", "-qq", "-s", "4096", "-e", f"trace={TRACED}"]
+    return [*argv, "-e", "signal=none", "-o", str(out)]
+
+
+def agent_network(trace: str, mark: re.Pattern[str] = AGENT_MARK) -> tuple[list[str], list[str]]:
+    """(every network syscall with a destination made by the agent's process tree, those that are outbound
+    attempts). The tree: processes whose execve matches ``mark``, and every process or thread they started."""
+    parent: dict[int, int] = {}
+    roots: set[int] = set()
+    calls: list[tuple[int, str]] = []
+    for line in trace.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        pid, name, rest = int(m.group(1)), m.group(2) or m.group(3), m.group(4)
+        if name in ("clone", "clone3", "fork", "vfork"):
+            ret = _RET.search(rest)
+            if ret and int(ret.group(1)) > 0:
+                parent[int(ret.group(2) or ret.group(1))] = pid
+        elif name == "execve" and mark.search(line):
+            roots.add(pid)
+        elif name in ("connect", "sendto", "sendmsg") and "sa_family=" in rest:
+            calls.append((pid, line))
+
+    def in_tree(pid: int) -> bool:
+        seen = set()
+        while pid not in roots:
+            if pid in seen or pid not in parent:
+                return False
+            seen.add(pid)
+            pid = parent[pid]
+        return True
+
+    mine = [line for pid, line in calls if in_tree(pid)]
+    bad = []
+    for line in mine:
+        if "AF_NETLINK" in line:
+            continue
+        inet, unix = _INET.search(line), _UNIX.search(line)
+        if inet:
+            if inet.group(2) != "127.0.0.1" or inet.group(1) == "53":
+                bad.append(line)
+        elif not (unix and unix.group(1).endswith(CAPTURE_SOCKET)):
+            bad.append(line)
+    return mine, bad
+
+
+def test_the_watcher_sees_a_name_lookup_and_a_connection(tmp_path):
+    """The check cannot pass vacuously: a process marked as the agent that looks up a name and connects out is caught,
+    and an unmarked one (the server's side) is not."""
+    require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
+    code = (
+        "import socket\n"
+        "try: socket.getaddrinfo('swe-gym-watcher-test.invalid', 443)\nexcept OSError: pass\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)\n"
+        "try: s.sendto(b'x', ('192.0.2.1', 9))\nexcept OSError: pass\n"
+    )
+    script = tmp_path / "swe-gym-agent-stand-in.py"
+    script.write_text(code)
+    out = tmp_path / "trace"
+    subprocess.run([*strace_argv(out), sys.executable, str(script)], check=True, timeout=120)
+    _, bad = agent_network(out.read_text(), re.compile(r'execve\("[^"]*", \[.*swe-gym-agent-stand-in'))
+    assert any("192.0.2.1" in line for line in bad), bad
+    assert any("htons(53)" in line or "nscd" in line or "resolve" in line for line in bad), bad
+    assert agent_network(out.read_text())[0] == []  # nothing of it names a bundle: not the agent's
+
+
+def traced_demo(harness: str, sandbox: str, tmp_path: Path) -> tuple[dict, list[str], list[str]]:
+    trace = tmp_path / "trace"
+    argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--harness", harness, "--sandbox", sandbox, "--json"]
+    run = subprocess.run([*strace_argv(trace), *argv], capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip(), run.stderr[-2000:]
+    text = trace.read_text()
+    trace.unlink()  # it holds the requests the agent sent, the capture key among them
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0 and result["ok"], (result.get("error"), run.stderr[-2000:])
+    return result, *agent_network(text)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", FIVE)
+def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
+    harness, need_sandbox, need_tokenizer, tmp_path
+):
+    require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
+    h = get_harness(harness)
+    try:
+        h.mounts()
+    except AgentError as e:
+        require(False, f"{harness}: {e}")
+    result, mine, outbound = traced_demo(harness, "local", tmp_path)
+    assert result["reward"] == 1.0 and result["stop_reason"] == "agent_done"
+    assert result["cross_check"] == "match", result["cross_check_detail"]
+    assert len(result["turns"]) >= 2 and not any(t["discarded"] for t in result["turns"])
+    assert {t["dialect"] for t in result["turns"]} == {h.dialect}
+    assert result["turns"][0]["prompt_len"] < h.min_context_tokens
+    assert any("127.0.0.1" in line for line in mine), f"the agent's calls to the relay were not traced: {mine}"
+    assert outbound == [], "\n".join(outbound)
+
+
+# -- units: each one's configuration ---------------------------------------------------------------------------------
+CFG = AgentConfig(base_url="http://127.0.0.1:9/capture", model="Qwen/Qwen3-8B", context_window=32768, max_tokens=512)
+
+
+def secret_only_in_the_env_file(files: dict[str, tuple[bytes, int]], command: str) -> None:
+    assert [p for p, (data, _) in files.items() if b"sgk-secret" in data] == ["/home/agent/.capture.env"]
+    assert all(mode == 0o600 for _, mode in files.values())
+    assert "sgk-secret" not in command and "fix it" not in command
+
+
+def test_kilocode_names_only_our_provider_with_every_switch_and_telemetry_off():
+    h = get_harness("kilocode")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    conf = json.loads(files["/home/agent/.kilo-run/config/kilo/kilo.json"][0])
+    assert conf["enabled_providers"] == ["capture"] and conf["model"] == "capture/Qwen/Qwen3-8B"
+    assert conf["provider"]["capture"]["options"]["baseURL"] == "http://127.0.0.1:9/capture/v1"
+    assert not any("package.json" in p for p in files)  # no plugin install to pre-seed
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    for switch in ("MODELS_FETCH", "PROJECT_CONFIG", "AUTOUPDATE", "SHARE", "CODEBASE_INDEXING", "CLAUDE_CODE"):
+        assert f"KILO_DISABLE_{switch}=1" in cmd
+    assert "KILO_TELEMETRY_LEVEL=off" in cmd and "unset KILO_CONFIG KILO_CONFIG_CONTENT KILO_CONFIG_DIR" in cmd
+    assert cmd.splitlines()[-1].startswith("/opt/swe-gym-agent/bin/kilo run --format json --auto ")
+    assert "OPENCODE" not in cmd
