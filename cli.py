@@ -130,8 +130,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from swe_gym_env.server import serving
     from swe_gym_env.server.app import create_app
     from swe_gym_env.server.rollout import ServerConfig
 
@@ -151,7 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log(line)
     # --vllm-model: vLLM with the capture flags becomes the default engine; no engine at all: the built-in one
     with vllm_engine(args), builtin_unless_configured(DEFAULT_MODEL, log):
-        uvicorn.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port, log_level="warning")
+        serving.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port)  # connection limits
     return 0
 
 

@@ -89,6 +89,7 @@ Flag = Annotated[bool, BeforeValidator(parse_flag)]
 PositiveInt = Annotated[int, Field(gt=0)]
 Count = Annotated[int, BeforeValidator(parse_positive_int), Field(gt=0)]  # as the SWE_GYM_MAX_ROLLOUTS_* family
 NonNegative = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
 
 
 def _s(group: str, description: str, default: Any = None, **kw: Any) -> Any:
@@ -168,7 +169,17 @@ class Settings(BaseSettings):
     )
     max_request_bytes: Size = _s("security", "largest HTTP request body the server reads", 16 * 1024**2)
     openenv_session_idle_s: NonNegative = _s("security", "an OpenEnv session idle this long expires", 3600.0)
-    openenv_max_sessions: PositiveInt = _s("security", "OpenEnv sessions open at most", 4096)
+    openenv_max_sessions: PositiveInt = _s(
+        "security", "OpenEnv sessions open at most (strangers' and token holders' counted apart)", 4096
+    )
+    openenv_unused_session_idle_s: NonNegative = _s(
+        "security", "an OpenEnv session that never did anything expires after this long", 120.0
+    )
+    max_connections: PositiveInt = _s("security", "`serve`: open connections at most (more: 503)", 512)
+    header_timeout_s: PositiveFloat = _s(
+        "security", "`serve`: a request's headers must arrive within this long (else the connection is cut)", 10.0
+    )
+    body_timeout_s: PositiveFloat = _s("security", "a request body silent this long between chunks is cut (408)", 30.0)
     ui: Flag = _s("security", "mount the Gradio UI at /web", True)
 
     # sandboxes

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -36,7 +36,15 @@ from swe_gym_env.server.sandbox.hf_pool import close_pools
 from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.preflight import probe_all, resolved
 from swe_gym_env.server.sandbox.registry import reap_forever
-from swe_gym_env.server.security import BodySizeLimit, access_mode, bearer, lock_reason, read_mode, read_refusal
+from swe_gym_env.server.security import (
+    BodySizeLimit,
+    access_mode,
+    bearer,
+    lock_reason,
+    log_refusal,
+    read_mode,
+    read_refusal,
+)
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.settings import setting
 from swe_gym_env.wire import RolloutStatus
@@ -175,13 +183,14 @@ def create_app(config: ServerConfig) -> FastAPI:
             out["engine"] = builtin
         return out
 
-    def check_read(authorization: str | None) -> None:
-        if (why := read_refusal(bearer(authorization))) is not None:
+    def check_read(request: Request) -> None:
+        if (why := read_refusal(bearer(request.headers.get("authorization")))) is not None:
+            log_refusal(f"GET {request.url.path}", why, request.client)
             raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/rollouts/{rollout_id}", response_model=RolloutStatus)
-    async def get_rollout(rollout_id: str, authorization: str | None = Header(None)) -> RolloutStatus:
-        check_read(authorization)
+    async def get_rollout(rollout_id: str, request: Request) -> RolloutStatus:
+        check_read(request)
         status = await asyncio.to_thread(service.get, rollout_id)
         if status is None:
             raise HTTPException(404, f"no rollout {rollout_id!r}")
@@ -192,7 +201,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         """A finished rollout's result as stored (its JSON), streamed from disk: `Range: bytes=a-b` (one range: 206,
         past the end: 416), gzip when asked for without a range; `ETag` and `X-Content-SHA256` are the SHA-256 of
         the whole JSON (the `sha256` of its summary). 409 while the rollout runs."""
-        check_read(request.headers.get("authorization"))
+        check_read(request)
         m = await asyncio.to_thread(service.manifest, rollout_id)
         if m is None:
             rec = service.record(rollout_id)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 from collections.abc import Iterator
 from contextvars import ContextVar
 from importlib.metadata import version
@@ -46,6 +47,8 @@ from swe_gym_env.server.sandbox.registry import BACKENDS
 from swe_gym_env.server.security import (
     ACCESS_REFUSED,
     access_ok,
+    lock_reason,
+    log_refusal,
     presented_caller,
     presented_token,
     read_refusal,
@@ -193,6 +196,7 @@ def build_mcp(service: RolloutService) -> FastMCP:
         caller = presented_caller()  # before anything else: strangers learn nothing
         refusal = start_refusal(caller.token, headers=caller.headers, scheme=caller.scheme)
         if refusal is not None:
+            log_refusal("run_rollout", refusal)
             variant = _variant(kwargs)
             refused = RolloutResult(
                 rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="", variant=variant
@@ -252,6 +256,12 @@ def build_mcp(service: RolloutService) -> FastMCP:
         """One task by index or instance id (never its gold or test patch)."""
         return get_task(split, index, instance_id).view()
 
+    def refused_read(surface: str) -> str | None:
+        """Why the caller may not read rollouts (logged in one line), or None."""
+        if (why := read_refusal(presented_token())) is not None:
+            log_refusal(surface, why)
+        return why
+
     async def get_rollout(
         rollout_id: str,
         result_form: Annotated[
@@ -262,8 +272,8 @@ def build_mcp(service: RolloutService) -> FastMCP:
         """A rollout's state and live summary; once it is finished, its result: `result_summary` in the summary
         form (the default over MCP, with resource links to the whole result), `result` in the compact or full
         form (over MCP only when it fits; else the summary with a note)."""
-        if (why := read_refusal(presented_token())) is not None:
-            raise ToolError(why)
+        if (why := refused_read("get_rollout")) is not None:
+            raise ToolError(why, log_level=logging.DEBUG)  # one line above, no traceback
         form = result_form or _DEFAULT_FORM.get()
         if form == "summary" and (stored := await asyncio.to_thread(service.result_summary, rollout_id)) is not None:
             listed = RolloutSummary.model_validate(stored.model_dump(include=set(RolloutSummary.model_fields)))
@@ -288,14 +298,16 @@ def build_mcp(service: RolloutService) -> FastMCP:
 
     async def list_rollouts(limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> RolloutList:
         """Rollouts in flight on this server, then the most recent finished ones."""
-        if (why := read_refusal(presented_token())) is not None:
-            raise ToolError(why)
+        if (why := refused_read("list_rollouts")) is not None:
+            raise ToolError(why, log_level=logging.DEBUG)
         return RolloutList(rollouts=service.list(limit))
 
     async def cancel_rollout(rollout_id: str) -> bool:
         """Cancel a running rollout; its result comes back with ok=false and stop_reason `cancelled`."""
-        if not access_ok(presented_token()):
-            raise ToolError(ACCESS_REFUSED)
+        why = lock_reason() or (None if access_ok(presented_token()) else ACCESS_REFUSED)
+        if why is not None:  # a locked server says so, as run_rollout does
+            log_refusal("cancel_rollout", why)
+            raise ToolError(why, log_level=logging.DEBUG)
         return service.cancel(rollout_id)
 
     async def capabilities() -> Capabilities:
@@ -329,8 +341,8 @@ def build_mcp(service: RolloutService) -> FastMCP:
     mcp.tool(run_rollout, name="run_rollout", output_schema=_run_output_schema())
 
     async def read_page(rollout_id: str, page: int) -> ResourceResult:
-        if (why := read_refusal(presented_token())) is not None:
-            raise ResourceError(why)
+        if (why := refused_read("resources/read")) is not None:
+            raise ResourceError(why, log_level=logging.DEBUG)  # one line above, not fastmcp's traceback
         path = service.store.path_of(rollout_id) if service.store is not None else None
         if path is None:
             rec = service.record(rollout_id)

@@ -24,7 +24,13 @@ purpose (``push --open`` writes it as a Space variable). A Space duplicated in t
   is the older spelling of ``*``. Empty: only the server's named engines.
 - ``SWE_GYM_RATE_LIMIT_PER_MIN``: work-starting calls per minute per presented key (a token bucket, bursts of the
   same size). Default 60 when an access token is configured, else off; ``0`` turns it off.
-- ``SWE_GYM_MAX_REQUEST_BYTES``: largest HTTP request body the server reads (default 16 MiB): see BodySizeLimit.
+- ``SWE_GYM_MAX_REQUEST_BYTES``: largest HTTP request body the server reads (default 16 MiB): see BodySizeLimit,
+  which also cuts a body silent for ``SWE_GYM_BODY_TIMEOUT_S`` (408).
+- OpenEnv sessions (``session_refusal``): creating one needs what reading rollouts needs; a token holder's sessions
+  are counted apart from strangers' (``holds_token``), so strangers holding sessions never lock a token holder out.
+- Bodies: every surface parses JSON with ``parse_json`` (too deep, invalid, not UTF-8: ``BodyError``, a one-line
+  reason the surface answers with a 4xx), never sending an exception's text.
+- A refused request logs one line (``log_refusal``), never a traceback and never a token.
 
 One guard decides whether a caller may start work, on every path that can: ``start_refusal`` (a browser request
 from another site is refused, then the access token, then the rate limit per key). The MCP tools apply it (real MCP
@@ -37,16 +43,22 @@ process, so they record the request's headers with ``set_caller`` first.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
+import json
+import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -66,6 +78,10 @@ PUBLIC_READS_ENV = "SWE_GYM_PUBLIC_READS"
 DEFAULT_RATE_WITH_TOKEN = 60
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 ACCESS_REFUSED = "access token required: send `Authorization: Bearer <token>` (the Space secret SWE_GYM_ACCESS_TOKEN)"
+SESSION_REFUSED = (
+    "access token required to open an OpenEnv session: send `Authorization: Bearer <token>` (the Space secret "
+    "SWE_GYM_ACCESS_TOKEN)"
+)
 READ_REFUSED = (
     "access token required to read rollouts: send `Authorization: Bearer <token>` (the Space secret "
     "SWE_GYM_ACCESS_TOKEN); SWE_GYM_PUBLIC_READS=1 makes rollouts readable by anyone"
@@ -143,6 +159,32 @@ def read_refusal(presented: str | None) -> str | None:
     if (locked := lock_reason()) is not None:
         return locked
     return None if access_ok(presented) else READ_REFUSED
+
+
+def session_refusal(presented: str | None) -> str | None:
+    """Why a caller presenting ``presented`` may not open an OpenEnv session (HTTP ``openenv/session/create``,
+    ``/ws``, WS ``/mcp``), or None if it may: a session is for reading and starting, so it needs what reading
+    rollouts needs (``read_refusal``): the token, unless the server is open or reads are public."""
+    why = read_refusal(presented)
+    return SESSION_REFUSED if why == READ_REFUSED else why
+
+
+def holds_token(presented: str | None) -> bool:
+    """Whether ``presented`` is this server's access token or admin key (False when none is configured): such a
+    caller's OpenEnv sessions are counted apart from strangers'."""
+    token, admin = _configured(ACCESS_ENV), _configured(ADMIN_ENV)
+    return (token is not None and _same(presented, token)) or (admin is not None and _same(presented, admin))
+
+
+_log = logging.getLogger("swe_gym_env.access")
+
+
+def log_refusal(surface: str, why: str, client: Any = None) -> None:
+    """One log line for a refused request: the surface, the client's address and the reason's first clause (never
+    the token, never a traceback)."""
+    host = client[0] if isinstance(client, list | tuple) and client else client
+    reason = why.split(":", 1)[0].strip()[:120]
+    _log.warning("refused %s%s: %s", surface, f" from {host}" if host else "", reason)
 
 
 def _same(presented: str | None, expected: str) -> bool:
@@ -367,18 +409,63 @@ def engine_url_allowed(url: str, allowlist: tuple[str, ...] | list[str]) -> bool
     return False
 
 
-# -- request size -----------------------------------------------------------------------------------------------
+# -- request bodies ---------------------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 128  # arrays and objects nested deeper than this are refused (no wire shape here comes close)
+
+
+class BodyError(ValueError):
+    """A body no surface can take: the message is one line, safe to send back."""
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_STRING_B = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _depth(data: str | bytes) -> int:
+    """The deepest nesting of arrays and objects in well-formed JSON text (strings taken out first)."""
+    if isinstance(data, str):
+        bare = _JSON_STRING.sub("", data).encode()
+    else:
+        bare = _JSON_STRING_B.sub(b"", data)
+    brackets = bare.translate(None, bytes(b for b in range(256) if b not in _NESTING))
+    return max(accumulate(_NESTING[b] for b in brackets), default=0)
+
+
+def parse_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for bodies from strangers: too deep (over ``max_depth`` levels), invalid JSON or not UTF-8 is a
+    ``BodyError`` with a one-line reason. Never a RecursionError, never an exception's text."""
+    too_deep = f"JSON nested deeper than {max_depth} levels"
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise BodyError(too_deep) from None
+    except UnicodeDecodeError:
+        raise BodyError("body is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise BodyError(f"invalid JSON at line {e.lineno} column {e.colno}") from None
+    except ValueError:
+        raise BodyError("invalid JSON") from None
+    opened = data.count("[") + data.count("{") if isinstance(data, str) else data.count(b"[") + data.count(b"{")
+    if opened > max_depth and _depth(data) > max_depth:  # well-formed, so every string is closed: linear
+        raise BodyError(too_deep)
+    return obj
+
+
 def max_request_bytes() -> int:
     return setting("max_request_bytes")
 
 
 class BodySizeLimit:
     """ASGI middleware: an HTTP request whose body is over ``max_bytes`` gets 413 (by Content-Length before the
-    app runs, or as soon as the streamed body passes the limit). Websockets and lifespan pass through."""
+    app runs, or as soon as the streamed body passes the limit); one whose body goes silent for ``timeout_s``
+    between chunks (``SWE_GYM_BODY_TIMEOUT_S``) gets 408 and its connection closed. Websockets and lifespan pass
+    through."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int | None = None, timeout_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_request_bytes() if max_bytes is None else max_bytes
+        self.timeout_s = setting("body_timeout_s") if timeout_s is None else timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -386,15 +473,23 @@ class BodySizeLimit:
             return
         for k, v in scope.get("headers") or []:
             if k == b"content-length" and (not v.isdigit() or int(v) > self.max_bytes):
-                await _too_large(send, self.max_bytes)
+                log_refusal(f"{scope.get('method')} {scope.get('path')}", "body too large", scope.get("client"))
+                await _refuse(send, 413, f"request body over {self.max_bytes} bytes")
                 return
         seen = 0
         started = False
+        more = True
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, more
+            if not more:  # the body is all in: what is left is the disconnect, whenever it comes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except TimeoutError:
+                raise _TooSlow from None
             if message["type"] == "http.request":
+                more = bool(message.get("more_body", False))
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     raise _TooLarge
@@ -408,18 +503,29 @@ class BodySizeLimit:
         try:
             await self.app(scope, counted, tracked)
         except _TooLarge:
+            log_refusal(f"{scope.get('method')} {scope.get('path')}", "body too large", scope.get("client"))
             if not started:
-                await _too_large(send, self.max_bytes)
+                await _refuse(send, 413, f"request body over {self.max_bytes} bytes")
+        except _TooSlow:
+            log_refusal(f"{scope.get('method')} {scope.get('path')}", "body too slow", scope.get("client"))
+            if not started:
+                await _refuse(send, 408, f"request body silent for {self.timeout_s:g} s", close=True)
 
 
 class _TooLarge(Exception):
     pass
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body = f'{{"detail":"request body over {limit} bytes"}}'.encode()
+class _TooSlow(Exception):
+    pass
+
+
+async def _refuse(send: Send, status: int, detail: str, close: bool = False) -> None:
+    body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

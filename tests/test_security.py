@@ -227,12 +227,14 @@ async def test_openenv_bare_jsonrpc_and_ws_need_the_access_token(guarded):
 
     step = {"type": "step", "data": {"type": "call_tool", "tool_name": "run_rollout", "arguments": {"engine": "x"}}}
     ws_url = f"ws://127.0.0.1:{guarded.server_port}/ws"
-    for headers, expect in (({}, security.ACCESS_REFUSED), ({"Authorization": f"Bearer {TOKEN}"}, "unknown engine")):
-        async with connect(ws_url, additional_headers=headers) as ws:
-            await ws.send(json.dumps(step))
-            reply = json.loads(await ws.recv())
-        assert reply["type"] == "observation", reply
-        assert expect in reply["data"]["observation"]["result"]["data"]["error"]
+    async with connect(ws_url) as ws:  # no token: no session (issue 43), the refusal is the first message
+        reply = json.loads(await ws.recv())
+    assert reply["type"] == "error" and reply["data"]["message"] == security.SESSION_REFUSED, reply
+    async with connect(ws_url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        await ws.send(json.dumps(step))
+        reply = json.loads(await ws.recv())
+    assert reply["type"] == "observation", reply
+    assert "unknown engine" in reply["data"]["observation"]["result"]["data"]["error"]
 
 
 @pytest.mark.anyio

@@ -81,7 +81,9 @@ class Panel:
     when something on it changed; Gradio sends each update as its difference from the last (a new call appended),
     so an update costs the same at call 80 as at call 2."""
 
-    def __init__(self, prefix: str, service: RolloutService) -> None:
+    def __init__(self, prefix: str, service: RolloutService, tokens: list[Any]) -> None:
+        """``tokens``: the two text boxes a viewer may have typed the access token in (the page's and the Run
+        view's): paging shows calls only to a request carrying the token itself, whatever Gradio session it names."""
         self.prefix = prefix
         self.service = service
         self.status = gr.HTML(elem_id=f"{prefix}-status")
@@ -116,18 +118,33 @@ class Panel:
                 self.grading = gr.HTML(elem_id=f"{prefix}-grading")
                 self.timings = gr.HTML(elem_id=f"{prefix}-timings")
 
-        async def earlier(request: gr.Request) -> tuple:
+        def refused(request: gr.Request, access: str | None, run_token: str | None) -> tuple | None:
+            """A paging request must carry the token itself: a Gradio session id alone (which a stranger may
+            name) shows nothing."""
+            if (why := ui_read_refusal(request, access, run_token, what="UI paging")) is None:
+                return None
+            return (f'<div class="sg-error" id="{prefix}-refused">{render.esc(why, 500)}</div>', *[gr.skip()] * 4)
+
+        async def earlier(access: str, run_token: str, request: gr.Request) -> tuple:
+            if (no := refused(request, access, run_token)) is not None:
+                return no
             return self.move(view_for(request.session_hash, prefix), delta=-1)
 
-        async def later(request: gr.Request) -> tuple:
+        async def later(access: str, run_token: str, request: gr.Request) -> tuple:
+            if (no := refused(request, access, run_token)) is not None:
+                return no
             return self.move(view_for(request.session_hash, prefix), delta=1)
 
-        async def go_to(call: float | None, request: gr.Request) -> tuple:
+        async def go_to(call: float | None, access: str, run_token: str, request: gr.Request) -> tuple:
+            if (no := refused(request, access, run_token)) is not None:
+                return no
             return self.move(view_for(request.session_hash, prefix), call=int(call) if call else None)
 
         for button, fn in ((self.prev, earlier), (self.next, later)):
-            button.click(fn, None, self.page_outputs, show_progress="hidden", api_visibility="private")
-        self.call.submit(go_to, self.call, self.page_outputs, show_progress="hidden", api_visibility="private")
+            button.click(fn, tokens, self.page_outputs, show_progress="hidden", api_visibility="private")
+        self.call.submit(
+            go_to, [self.call, *tokens], self.page_outputs, show_progress="hidden", api_visibility="private"
+        )
 
     @property
     def outputs(self) -> list[Any]:
@@ -219,7 +236,8 @@ async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[fl
 
 def build_ui(service: RolloutService) -> gr.Blocks:
     splits = split_names()
-    with gr.Blocks(title="swe_gym_env", analytics_enabled=False) as demo:
+    # The UI takes no files (server/ui: uploads refused); Gradio's cache is emptied of anything older than an hour.
+    with gr.Blocks(title="swe_gym_env", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown("## swe_gym_env — rollouts")
         banner = gr.HTML(elem_id="server-banner")
         demo.load(_banner_html, outputs=banner, api_visibility="private")
@@ -235,7 +253,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 live = gr.HTML(elem_id="live")
 
                 def live_view(token: str, request: gr.Request) -> str:
-                    if (why := ui_read_refusal(request, token)) is not None:
+                    if (why := ui_read_refusal(request, token, what=None)) is not None:  # every second: not logged
                         return f'<div class="sg-error" id="live-refused">{render.esc(why, 500)}</div>'
                     return live_table_html(service)
 
@@ -270,7 +288,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                         elem_id="run-token",
                     )
                     go = gr.Button("Run", variant="primary", elem_id="run-button")
-                run_panel = Panel("run", service)
+                run_panel = Panel("run", service, [access, token])
                 split.change(
                     lambda s: gr.update(choices=_task_ids(s), value=(_task_ids(s) or [None])[0]),
                     split,
@@ -316,7 +334,7 @@ def build_ui(service: RolloutService) -> gr.Blocks:
                 with gr.Row():
                     rid = gr.Textbox(label="rollout id", elem_id="rollout-id")
                     show = gr.Button("Show", elem_id="rollout-show")
-                panel = Panel("rollout", service)
+                panel = Panel("rollout", service, [access, token])
 
                 async def show_rollout(rollout_id: str, token: str, request: gr.Request):
                     rollout_id = (rollout_id or "").strip()

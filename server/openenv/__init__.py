@@ -13,8 +13,9 @@ Matched against openenv 0.10.0 (`openenv/core/env_server/http_server.py`, `mcp_t
 - `tasks_api`: the Task API (`/list_environments`, `/{env}/splits`, `/{env}/tasks|num_tasks|task|task_range`);
 - `info`: `GET /metadata` and `GET /schema`.
 
-Who may start work is decided by the tools themselves (`server.security.start_refusal`); the transports here only
-record the caller of each request (`server.security.set_caller`).
+Who may start work is decided by the tools themselves (`server.security.start_refusal`); the transports here
+record the caller of each request (`server.security.set_caller`), and opening a session needs what reading rollouts
+needs (`server.security.session_refusal`, in `OpenEnvCompat.open_session`, on every path that opens one).
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ from swe_gym_env.server.rollout import RolloutService
 __all__ = ["ENV_NAME", "OpenEnvCompat", "OpenEnvMCPBridge", "Sessions", "install_openenv_routes", "wrap_mcp_app"]
 
 
-def _env_settings() -> tuple[float, int]:
+def _env_settings() -> tuple[float, int, float]:
     from swe_gym_env.settings import setting
 
-    return setting("openenv_session_idle_s"), setting("openenv_max_sessions")
+    return (
+        setting("openenv_session_idle_s"),
+        setting("openenv_max_sessions"),
+        setting("openenv_unused_session_idle_s"),
+    )
 
 
 def install_openenv_routes(
@@ -52,14 +57,17 @@ def install_openenv_routes(
     """Add OpenEnv's routes to ``app``. Call it before the catch-all mounts; then mount the MCP app as
     ``wrap_mcp_app(app, mcp_app)`` so OpenEnv's bare JSON-RPC POSTs to /mcp are answered too.
 
-    Sessions expire after ``session_idle_s`` idle (env SWE_GYM_OPENENV_SESSION_IDLE_S, default 3600) and number
-    at most ``max_sessions`` (SWE_GYM_OPENENV_MAX_SESSIONS, default 4096)."""
-    idle, cap = _env_settings()
+    Sessions expire after ``session_idle_s`` idle (env SWE_GYM_OPENENV_SESSION_IDLE_S, default 3600), or after
+    SWE_GYM_OPENENV_UNUSED_SESSION_IDLE_S (120) if they never did anything, and number at most ``max_sessions``
+    (SWE_GYM_OPENENV_MAX_SESSIONS, default 4096) of strangers' and as many of token holders'. Opening one needs
+    what reading rollouts needs (``security.session_refusal``)."""
+    idle, cap, unused = _env_settings()
     compat = OpenEnvCompat(
         mcp,
         service,
         idle if session_idle_s is None else session_idle_s,
         cap if max_sessions is None else max_sessions,
+        unused,
     )
     app.state.openenv = compat
 

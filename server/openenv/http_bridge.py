@@ -4,12 +4,14 @@ OpenEnv's client posts `openenv/session/create|close`, then `tools/list` / `tool
 with no `initialize`, and reads a plain JSON reply. It shares the path with the real MCP endpoint (Streamable
 HTTP): `OpenEnvMCPBridge` wraps the fastmcp app, answers OpenEnv's requests itself and passes everything else
 (`initialize`, then requests carrying `Mcp-Session-Id`) through untouched.
+
+Every POST /mcp body is parsed here first (`security.parse_json`): one that is not JSON, nested too deep or not
+UTF-8 gets 400 with a JSON-RPC parse error naming why, in one line, whichever client sent it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
@@ -18,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swe_gym_env.server.openenv.models import PARSE_ERROR, rpc_error
 from swe_gym_env.server.openenv.protocol import OpenEnvCompat
-from swe_gym_env.server.security import set_caller
+from swe_gym_env.server.security import BodyError, log_refusal, parse_json, set_caller
 
 MAX_HTTP_BODY = 8 * 1024 * 1024  # bodies we buffer to look at; a larger one goes to the MCP app as it came
 
@@ -67,12 +69,7 @@ class OpenEnvMCPBridge:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope.get("method") != "POST"
-            or _route_path(scope).rstrip("/") != self.path
-            or _header(scope, b"mcp-session-id") is not None
-        ):
+        if scope["type"] != "http" or scope.get("method") != "POST" or _route_path(scope).rstrip("/") != self.path:
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
@@ -93,13 +90,14 @@ class OpenEnvMCPBridge:
                 break
         body: Any = _UNPARSEABLE
         if complete:
-            with contextlib.suppress(ValueError, UnicodeDecodeError):
-                body = json.loads(b"".join(chunks))
-        if not complete or not _is_openenv_request(scope, body):
+            try:
+                body = parse_json(b"".join(chunks))
+            except BodyError as e:  # nobody, MCP or OpenEnv, can take it: say why, in one line
+                log_refusal("POST /mcp", f"unparseable body: {e}", scope.get("client"))
+                await _send_json(send, rpc_error(None, PARSE_ERROR, f"Parse error: {e}"), 400)
+                return
+        if not complete or _header(scope, b"mcp-session-id") is not None or not _is_openenv_request(scope, body):
             await self.app(scope, _replay(messages, receive), send)
-            return
-        if body is _UNPARSEABLE:
-            await _send_json(send, rpc_error(None, PARSE_ERROR, "Parse error"))
             return
         set_caller(Headers(scope=scope), scope.get("scheme", "http"))  # tools run in process: see server/security
         handler = asyncio.ensure_future(self.compat.handle_rpc_obj(body))
@@ -118,10 +116,10 @@ class OpenEnvMCPBridge:
         await _send_json(send, handler.result())
 
 
-async def _send_json(send: Send, reply: dict) -> None:
+async def _send_json(send: Send, reply: dict, status: int = 200) -> None:
     payload = json.dumps(reply, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 

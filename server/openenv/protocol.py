@@ -3,7 +3,7 @@ OpenEnv's mcp_handler) and the WS /ws step, reset and state messages."""
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -29,13 +29,49 @@ from swe_gym_env.server.openenv.models import (
 from swe_gym_env.server.openenv.sessions import Session, SessionCapacityError, Sessions
 from swe_gym_env.server.openenv.tools import ToolBridge, ToolCallError
 from swe_gym_env.server.rollout import RolloutService
+from swe_gym_env.server.security import (
+    BodyError,
+    holds_token,
+    log_refusal,
+    parse_json,
+    presented_caller,
+    session_refusal,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SessionRefused(PermissionError):
+    """Opening an OpenEnv session was refused (``security.session_refusal``): the reason, one line."""
+
+
+def one_line_errors(e: ValidationError, limit: int = 300) -> str:
+    """A validation error as one line (where and what), never its multi-line text or the input it quotes."""
+    parts = [f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg', '')}" for err in e.errors()]
+    return "; ".join(parts)[:limit]
 
 
 class OpenEnvCompat:
-    def __init__(self, mcp: FastMCP, service: RolloutService, idle_s: float, max_sessions: int) -> None:
+    def __init__(
+        self,
+        mcp: FastMCP,
+        service: RolloutService,
+        idle_s: float,
+        max_sessions: int,
+        unused_idle_s: float | None = None,
+    ) -> None:
         self.tools = ToolBridge(mcp)
         self.service = service
-        self.sessions = Sessions(idle_s, max_sessions)
+        self.sessions = Sessions(idle_s, max_sessions, unused_idle_s)
+
+    def open_session(self, token: str | None, surface: str, client: Any = None) -> Session:
+        """A new session for a caller presenting ``token``: SessionRefused unless it may read rollouts (the one
+        check of every path that creates a session), SessionCapacityError at the cap of its kind (a token holder's
+        sessions are counted apart from strangers')."""
+        if (why := session_refusal(token)) is not None:
+            log_refusal(surface, why, client)
+            raise SessionRefused(why)
+        return self.sessions.create(privileged=holds_token(token))
 
     # JSON-RPC: HTTP /mcp, WS /mcp, and `mcp` messages on WS /ws (OpenEnv's mcp_handler) -------------------------
     async def handle_rpc(self, req: JsonRpcRequest, ws_session: Session | None = None) -> dict:
@@ -44,7 +80,9 @@ class OpenEnvCompat:
             if ws_session is not None:
                 return rpc_result(rid, {"session_id": ws_session.session_id})
             try:
-                s = self.sessions.create()
+                s = self.open_session(presented_caller().token, "POST /mcp openenv/session/create")
+            except SessionRefused as e:
+                return rpc_error(rid, SERVER_ERROR, str(e))
             except SessionCapacityError as e:
                 data = {"active_sessions": e.active_sessions, "max_sessions": e.max_sessions}
                 return rpc_error(rid, SERVER_ERROR, str(e), data)
@@ -75,8 +113,9 @@ class OpenEnvCompat:
             with self.sessions.busy(session):
                 try:
                     return rpc_result(rid, {"tools": await self.tools.list_wire()})
-                except Exception as e:
-                    return rpc_error(rid, INTERNAL_ERROR, str(e))
+                except Exception:
+                    log.exception("tools/list failed")
+                    return rpc_error(rid, INTERNAL_ERROR, "listing the tools failed (see the server log)")
         if method == "tools/call":
             name = params.get("name")
             if not name or not isinstance(name, str):
@@ -94,16 +133,16 @@ class OpenEnvCompat:
     async def handle_rpc_raw(self, raw: str | bytes, ws_session: Session | None = None) -> dict:
         """One JSON-RPC request from its text, with OpenEnv's parse / invalid-request errors."""
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return rpc_error(None, PARSE_ERROR, "Parse error")
+            body = parse_json(raw)
+        except BodyError as e:
+            return rpc_error(None, PARSE_ERROR, f"Parse error: {e}")
         return await self.handle_rpc_obj(body, ws_session)
 
     async def handle_rpc_obj(self, body: Any, ws_session: Session | None = None) -> dict:
         try:
             req = JsonRpcRequest.model_validate(body)
         except ValidationError as e:
-            return rpc_error(None, INVALID_REQUEST, f"Invalid request: {e}")
+            return rpc_error(None, INVALID_REQUEST, f"Invalid request: {one_line_errors(e)}")
         return await self.handle_rpc(req, ws_session)
 
     # WS /ws step actions -------------------------------------------------------------------------------------------
@@ -113,8 +152,10 @@ class OpenEnvCompat:
             if isinstance(action, ListToolsAction):
                 try:
                     obs = ListToolsObservation.model_validate({"tools": await self.tools.list_specs()})
-                except Exception as e:
-                    obs = ListToolsObservation(tools=[], metadata={"error": str(e), "error_type": "list_tools_failed"})
+                except Exception:
+                    log.exception("list_tools failed")
+                    why = "listing the tools failed (see the server log)"
+                    obs = ListToolsObservation(tools=[], metadata={"error": why, "error_type": "list_tools_failed"})
                 return _serialize_observation(obs.model_dump())
             try:
                 result = await self.tools.call(action.tool_name, action.arguments)
@@ -146,6 +187,7 @@ class OpenEnvCompat:
         episode_id = data.get("episode_id")
         session.episode_id = episode_id if isinstance(episode_id, str) and episode_id else uuid.uuid4().hex
         session.step_count = 0
+        session.used = True
         session.last_activity_at = time.monotonic()
         meta = {"status": "ready", "episode_id": session.episode_id}
         return _serialize_observation({"done": False, "reward": None, "metadata": meta})

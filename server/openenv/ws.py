@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from swe_gym_env.server.openenv.models import (
+    INTERNAL_ERROR,
     INVALID_REQUEST,
     SERVER_ERROR,
     WS_MESSAGES,
@@ -32,9 +34,13 @@ from swe_gym_env.server.openenv.models import (
     validation_errors,
     ws_error,
 )
-from swe_gym_env.server.openenv.protocol import OpenEnvCompat
+from swe_gym_env.server.openenv.protocol import OpenEnvCompat, SessionRefused
 from swe_gym_env.server.openenv.sessions import Session, SessionCapacityError
-from swe_gym_env.server.security import set_caller
+from swe_gym_env.server.security import BodyError, parse_json, presented_token, set_caller
+
+log = logging.getLogger(__name__)
+POLICY_VIOLATION = 1008  # the websocket close code of a refused session
+INTERNAL = "internal error (see the server log)"
 
 MAX_WS_MESSAGE = 8 * 1024 * 1024  # an incoming websocket message larger than this is refused (and skipped)
 MAX_WS_REPLY = 96 * 1024 * 1024  # below OpenEnv's client default (100 MB), which closes the socket on a larger frame
@@ -76,9 +82,20 @@ class _Socket:
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def _receive_text(ws: WebSocket) -> str | None:
-    """The next message's text; None when the client went away."""
-    msg = await ws.receive()
+class _Unused(Exception):
+    """A session that never did anything sat idle past its short timeout."""
+
+
+async def _receive_text(ws: WebSocket, unused_s: float | None = None) -> str | None:
+    """The next message's text; None when the client went away. ``unused_s``: the session has not done anything
+    yet, and this is how long it may wait for a message (else ``_Unused``)."""
+    if unused_s is None:
+        msg = await ws.receive()
+    else:
+        try:
+            msg = await asyncio.wait_for(ws.receive(), unused_s)
+        except TimeoutError:
+            raise _Unused from None
     if msg["type"] == "websocket.disconnect":
         return None
     if msg.get("text") is not None:
@@ -106,8 +123,12 @@ async def serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 session.ws_attached = True
                 session.last_activity_at = time.monotonic()
             else:
-                session = compat.sessions.create()
+                session = compat.open_session(presented_token(), "WS /ws", websocket.client)
                 session.ws_attached = owns = True
+        except SessionRefused as e:
+            await sock.send(ws_error(str(e), "ACCESS_DENIED"))
+            await websocket.close(POLICY_VIOLATION)
+            return
         except SessionCapacityError as e:
             await sock.send(
                 ws_error(str(e), "CAPACITY_REACHED", active_sessions=e.active_sessions, max_sessions=e.max_sessions)
@@ -135,8 +156,9 @@ async def serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 reply = ws_error("Invalid message", "VALIDATION_ERROR", errors=validation_errors(e))
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
-                reply = ws_error(str(e) or type(e).__name__, "EXECUTION_ERROR")
+            except Exception:
+                log.exception("WS /ws: a %s message failed", type(msg).__name__)
+                reply = ws_error(INTERNAL, "EXECUTION_ERROR")
             with contextlib.suppress(Exception):
                 await sock.send(reply, rid)
 
@@ -146,7 +168,7 @@ async def serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
 
         sock.spawn(in_order())
         while True:
-            raw = await _receive_text(websocket)
+            raw = await _receive_text(websocket, None if session.used else compat.sessions.unused_idle_s)
             if raw is None:
                 break
             if len(raw) > MAX_WS_MESSAGE:
@@ -155,8 +177,8 @@ async def serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 )
                 continue
             try:
-                body = json.loads(raw)
-            except ValueError as e:
+                body = parse_json(raw)
+            except BodyError as e:
                 await sock.send(ws_error(f"Invalid JSON: {e}", "INVALID_JSON"))
                 continue
             if not isinstance(body, dict):
@@ -190,9 +212,14 @@ async def serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 sock.spawn(handle(msg))
     except WebSocketDisconnect:
         pass
-    except Exception as e:  # never let one socket's failure reach the server
+    except _Unused:
         with contextlib.suppress(Exception):
-            await sock.send(ws_error(str(e) or type(e).__name__, "SESSION_ERROR"))
+            msg = f"session closed: nothing sent for {compat.sessions.unused_idle_s:g} s after it opened"
+            await sock.send(ws_error(msg, "SESSION_ERROR"))
+    except Exception:  # never let one socket's failure reach the server, nor its text the client
+        log.exception("WS /ws failed")
+        with contextlib.suppress(Exception):
+            await sock.send(ws_error(INTERNAL, "SESSION_ERROR"))
     finally:
         await sock.cancel_all()  # rollouts themselves go on in the rollout service, retrievable by id
         if session is not None:
@@ -212,20 +239,30 @@ async def serve_ws_mcp(compat: OpenEnvCompat, websocket: WebSocket) -> None:
     session: Session | None = None
     try:
         try:
-            session = compat.sessions.create()
+            session = compat.open_session(presented_token(), "WS /mcp", websocket.client)
             session.ws_attached = True
+        except SessionRefused as e:
+            await sock.send(rpc_error(None, SERVER_ERROR, str(e)))
+            await websocket.close(POLICY_VIOLATION)
+            return
         except SessionCapacityError as e:
             data = {"active_sessions": e.active_sessions, "max_sessions": e.max_sessions}
             await sock.send(rpc_error(None, SERVER_ERROR, str(e), data))
             return
 
         async def handle(raw: str) -> None:
-            reply = await compat.handle_rpc_raw(raw, session)
+            try:
+                reply = await compat.handle_rpc_raw(raw, session)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("WS /mcp: a request failed")
+                reply = rpc_error(None, INTERNAL_ERROR, INTERNAL)
             with contextlib.suppress(Exception):
                 await sock.send(reply)
 
         while True:
-            raw = await _receive_text(websocket)
+            raw = await _receive_text(websocket, None if session.used or sock.tasks else compat.sessions.unused_idle_s)
             if raw is None:
                 break
             if len(raw) > MAX_WS_MESSAGE:
@@ -236,6 +273,10 @@ async def serve_ws_mcp(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 sock.spawn(handle(raw))
     except WebSocketDisconnect:
         pass
+    except _Unused:
+        with contextlib.suppress(Exception):
+            msg = f"session closed: nothing sent for {compat.sessions.unused_idle_s:g} s after it opened"
+            await sock.send(rpc_error(None, SERVER_ERROR, msg))
     finally:
         await sock.cancel_all()
         if session is not None:
