@@ -110,14 +110,13 @@ canaries (their status from the log parser alone), but no record: their log is t
 
 from swe_gym_env.server.grading import variants
 from swe_gym_env.server.grading.errors import BrokenRun, GradingError
-from swe_gym_env.server.grading.files import filter_model_patch, pinned_configs, split_patch, task_verdict_files
-from swe_gym_env.server.grading.grader import grade, prepare, prepare_impossible, prepared
+from swe_gym_env.server.grading.files import BaseTree, filter_model_patch, split_patch, task_verdict_files
+from swe_gym_env.server.grading.grader import base_tree, grade, prepare, prepare_impossible, prepared
 from swe_gym_env.server.grading.plan import (
     APPLY_FAILED,
     END,
     EXIT,
     GUARD_MODULE,
-    PINNED,
     START,
     TEST_PATCH_FAILED,
     Plan,
@@ -126,7 +125,7 @@ from swe_gym_env.server.grading.plan import (
     plan_for,
     row_test_spec,
 )
-from swe_gym_env.server.grading.script import Guarded, eval_script, row_eval_wrapper
+from swe_gym_env.server.grading.script import Guarded, eval_script, pytest_command, row_eval_wrapper
 from swe_gym_env.server.grading.verdict import Grade, Run, diagnose, judge, junit_key, parse_junit, score_log
 
 __all__ = [
@@ -134,15 +133,16 @@ __all__ = [
     "END",
     "EXIT",
     "GUARD_MODULE",
-    "PINNED",
     "START",
     "TEST_PATCH_FAILED",
+    "BaseTree",
     "BrokenRun",
     "Grade",
     "GradingError",
     "Guarded",
     "Plan",
     "Run",
+    "base_tree",
     "diagnose",
     "eval_script",
     "filter_model_patch",
@@ -152,11 +152,11 @@ __all__ = [
     "load_swebench",
     "make_test_spec",
     "parse_junit",
-    "pinned_configs",
     "plan_for",
     "prepare",
     "prepare_impossible",
     "prepared",
+    "pytest_command",
     "row_eval_wrapper",
     "row_test_spec",
     "score_log",

@@ -42,7 +42,7 @@ EQUALITY_ASSERTS = {
 RAISES = {"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp", "failUnlessRaises"}
 NEVER_RAISED = "type('SweGymCanaryError', (Exception,), {})"
 MAX_FILE_BYTES = 2 * 1024 * 1024
-ROUNDS = 2  # candidates tried per test function (each round: two gold runs)
+ROUNDS = 3  # candidates tried per test function (each round: two gold runs)
 
 
 @dataclass(frozen=True)
@@ -290,7 +290,268 @@ def sites_of(func: ast.FunctionDef | ast.AsyncFunctionDef, off: _Offsets) -> lis
                 if span is not None:
                     raises.append(Site(span[0], span[1], NEVER_RAISED, f"line {node.lineno}: expected exception"))
     values.sort(key=lambda s: s.start)
-    return list(dict.fromkeys([*values, *raises]))
+    first = list(dict.fromkeys([*values, *raises]))
+    computed = [s for s in dict.fromkeys(computed_sites(func, off, bound)) if s not in first]
+    # the rounds try sites in order: the expected-value mutants keep the first rounds where a function has them, and
+    # the best computed-expectation mutant always gets a round of its own (where gold passes the first ones)
+    head = first[: ROUNDS - 1]
+    return [*head, *computed[:1], *first[len(head) :], *computed[1:MAX_COMPUTED]]
+
+
+# -- computed expectations: the operators for tests that compare with computed values only ---------------------------
+
+MAX_COMPUTED = 12  # computed-expectation mutants listed per test function (the rounds try the first few)
+NEGATED_OPS: dict[type[ast.cmpop], tuple[str, str]] = {  # (the operator's text, its negation)
+    ast.Eq: (r"==", "!="),
+    ast.NotEq: (r"!=", "=="),
+    ast.Lt: (r"<", ">="),
+    ast.LtE: (r"<=", ">"),
+    ast.Gt: (r">", "<="),
+    ast.GtE: (r">=", "<"),
+    ast.In: (r"in", "not in"),
+    ast.NotIn: (r"not[ \t]+in", "in"),
+    ast.Is: (r"is", "is not"),
+    ast.IsNot: (r"is[ \t]+not", "is"),
+}
+NEGATED_METHODS = {  # unittest's assertion methods and their negation (same arguments)
+    "assertTrue": "assertFalse",
+    "assertFalse": "assertTrue",
+    "assert_": "assertFalse",
+    "failUnless": "failIf",
+    "failIf": "failUnless",
+    "assertIsNone": "assertIsNotNone",
+    "assertIsNotNone": "assertIsNone",
+    "assertIn": "assertNotIn",
+    "assertNotIn": "assertIn",
+    "assertIs": "assertIsNot",
+    "assertIsNot": "assertIs",
+    "assertIsInstance": "assertNotIsInstance",
+    "assertNotIsInstance": "assertIsInstance",
+    "assertEqual": "assertNotEqual",
+    "assertEquals": "assertNotEqual",
+    "failUnlessEqual": "failIfEqual",
+    "assertNotEqual": "assertEqual",
+    "assertNotEquals": "assertEqual",
+    "failIfEqual": "failUnlessEqual",
+    "assertAlmostEqual": "assertNotAlmostEqual",
+    "assertAlmostEquals": "assertNotAlmostEqual",
+    "assertNotAlmostEqual": "assertAlmostEqual",
+    "assertGreater": "assertLessEqual",
+    "assertGreaterEqual": "assertLess",
+    "assertLess": "assertGreaterEqual",
+    "assertLessEqual": "assertGreater",
+    "assertRegex": "assertNotRegex",
+    "assertNotRegex": "assertRegex",
+    # the typed equalities: assertNotEqual(first, second, msg) takes the same first three arguments
+    "assertListEqual": "assertNotEqual",
+    "assertTupleEqual": "assertNotEqual",
+    "assertDictEqual": "assertNotEqual",
+    "assertSetEqual": "assertNotEqual",
+    "assertSequenceEqual": "assertNotEqual",
+    "assertMultiLineEqual": "assertNotEqual",
+}
+SKIPS = {"skip", "skipTest", "xfail", "importorskip", "exit"}  # calls that end a test without failing it
+
+
+def _span_lines(node: ast.AST, off: _Offsets) -> tuple[int, int] | None:
+    """[start, end) of a node in the text, over several lines too (the mutations below keep every newline)."""
+    lineno, end = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+    if lineno is None or end is None:
+        return None
+    return off.at(lineno, node.col_offset), off.at(end, node.end_col_offset)  # type: ignore[attr-defined]
+
+
+def _may_end_early(stmt: ast.stmt) -> bool:
+    """Whether a statement can end the test, passed or skipped, before the next one runs: a `return`, a `raise`
+    (other than an assertion's), a skip. A test that passes reaches whatever follows a statement without them."""
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return):
+            return True
+        if isinstance(node, ast.Raise):
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if not (isinstance(exc, ast.Name) and exc.id == "AssertionError"):
+                return True
+        if isinstance(node, ast.Call) and _call_name(node) in SKIPS:
+            return True
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+                todo.append(child)
+    return False
+
+
+def reached(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a test function that every run passing the test reaches, in order: its body's own, and
+    those in a `with` block (unless it expects an exception, which ends the block early), up to the first statement
+    that may end the test early. Not a loop's, a branch's or a `try`'s: a fix that passes the test another way might
+    skip them, and then pass a mutant there that the gold patch fails."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.With | ast.AsyncWith):
+            if not any(
+                isinstance(i.context_expr, ast.Call) and _call_name(i.context_expr) in RAISES for i in stmt.items
+            ):
+                yield from reached(stmt.body)
+        if _may_end_early(stmt):
+            return
+
+
+def _parses(off: _Offsets, stmt: ast.stmt, site: Site) -> bool:
+    """Whether the statement a site changes still parses (its lines alone, not the whole file)."""
+    start, end = off.starts[stmt.lineno - 1], off.starts[(stmt.end_lineno or stmt.lineno)]
+    if not start <= site.start <= site.end <= end:
+        return False
+    text = off.text[start : site.start] + site.new + off.text[site.end : end]
+    try:
+        ast.parse("if 1:\n" + text if text[:1] in " \t" else text)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _negated_assert(stmt: ast.Assert, off: _Offsets) -> Iterator[Site]:
+    """`assert a == b` → `assert a != b` (each comparison operator to its negation), `assert not x` → `assert x`,
+    any other `assert x` → `assert not (x)`."""
+    test, line = stmt.test, stmt.lineno
+    whole = _span_lines(test, off)
+    if whole is None or isinstance(test, ast.Constant):
+        return
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        pattern, new = NEGATED_OPS[type(test.ops[0])]
+        left, right = _span_lines(test.left, off), _span_lines(test.comparators[0], off)
+        if left is not None and right is not None:
+            m = re.fullmatch(rf"([\s()]*)(?<![\w.])({pattern})(?![\w.])([\s()]*)", off.text[left[1] : right[0]])
+            if m:
+                start = left[1] + m.start(2)
+                at = off.text.count("\n", 0, start) + 1  # the operator's line (the assert's may be another)
+                yield Site(
+                    start,
+                    start + len(m.group(2)),
+                    f" {new} " if new[0].isalpha() else new,
+                    f"line {at}: {m.group(2)} -> {new}",
+                )
+                return
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        m = re.match(r"not\b[ \t]*", off.text[whole[0] : whole[1]])
+        if m:
+            yield Site(whole[0], whole[0] + m.end(), "", f"line {line}: assert not x -> assert x")
+            return
+    yield Site(whole[0], whole[1], f"not ({off.text[whole[0] : whole[1]]})", f"line {line}: assert x -> assert not (x)")
+
+
+def _negated_method(call: ast.Call, off: _Offsets) -> Iterator[Site]:
+    """`self.assertTrue(x)` → `self.assertFalse(x)`, and each assertion method of NEGATED_METHODS to its negation."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr not in NEGATED_METHODS or func.end_lineno is None:
+        return
+    new = NEGATED_METHODS[func.attr]
+    if new == "assertNotEqual" and "Not" not in func.attr and "Equal" in func.attr and func.attr != "assertEqual":
+        if len(call.args) > 3 or any(k.arg != "msg" for k in call.keywords):  # seq_type=…: not assertNotEqual's
+            return
+    end = off.at(func.end_lineno, func.end_col_offset)  # type: ignore[arg-type]
+    start = end - len(func.attr)
+    if off.text[start:end] == func.attr:
+        yield Site(start, end, new, f"line {call.lineno}: {func.attr} -> {new}")
+
+
+def _drop_sites(node: ast.expr, off: _Offsets) -> Iterator[Site]:
+    """An expected list, tuple, set or dict literal without its last element (its newlines kept)."""
+    items: list[tuple[ast.expr, ast.expr]]
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        items, kind = [(e, e) for e in node.elts], type(node).__name__.lower()
+    elif isinstance(node, ast.Dict) and all(k is not None for k in node.keys):
+        items, kind = list(zip(node.keys, node.values, strict=True)), "dict"  # type: ignore[arg-type]
+    else:
+        return
+    whole = _span_lines(node, off)
+    last = (_span_lines(items[-1][0], off), _span_lines(items[-1][1], off)) if items else (None, None)
+    if whole is None or last[0] is None or last[1] is None:
+        return
+    cuts = []
+    if len(items) > 1 and (prev := _span_lines(items[-2][1], off)) is not None:
+        cuts.append((prev[1], last[1][1]))  # "[a, b]" -> "[a]"
+    cuts.append((last[0][0], last[1][1]))  # "(a, b)" -> "(a, )"
+    cuts.append(whole)  # "{a}" -> "set()"
+    empty = {"list": "[]", "tuple": "()", "set": "set()", "dict": "{}"}[kind]
+    for start, end in cuts:
+        keep = "\n" * off.text[start:end].count("\n")
+        new = empty[:-1] + keep + empty[-1] if (start, end) == whole else keep
+        text = off.text[whole[0] : start] + new + off.text[end : whole[1]]
+        try:
+            got = ast.parse(f"({text})", mode="eval").body
+        except (SyntaxError, ValueError):
+            continue
+        if type(got) is type(node):
+            n = len(got.keys) if isinstance(got, ast.Dict) else len(getattr(got, "elts", ()))
+        else:  # only "set()": an empty set has no literal
+            n = 0 if isinstance(got, ast.Call) and isinstance(node, ast.Set) and new.startswith("set(") else -1
+        if n == len(items) - 1:
+            gone = " ".join(off.text[last[0][0] : last[1][1]].split())
+            yield Site(start, end, new, f"line {node.lineno}: {kind} without {gone[:60]}")
+            return
+
+
+def _is_expected(node: ast.expr, bound: dict[str, ast.expr]) -> bool:
+    """Whether a side of a comparison is a written-out value (a literal, a constructor of constants, a bound one)."""
+    if isinstance(node, ast.Name):
+        return node.id in bound
+    if isinstance(node, ast.UnaryOp):
+        return _is_expected(node.operand, bound)
+    if isinstance(node, ast.Call):
+        return _call_name(node) in CONSTRUCTORS and all(isinstance(a, ast.Constant) for a in node.args)
+    return isinstance(node, ast.Constant | ast.List | ast.Tuple | ast.Set | ast.Dict)
+
+
+def _argument_sites(sides: tuple[ast.expr, ast.expr], off: _Offsets, bound: dict[str, ast.expr]) -> Iterator[Site]:
+    """The literal arguments of the calls on the computed side(s) of an equality: `f(x, 3) == g(y)` → `f(x, 4)`.
+    Not where the other side is True, False or None: a different input gives such a value too often."""
+    for i, side in enumerate(sides):
+        other = sides[1 - i]
+        if _is_expected(side, bound) or (isinstance(other, ast.Constant) and other.value in (True, False, None)):
+            continue
+        for node in ast.walk(side):
+            if isinstance(node, ast.Call):
+                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                    if isinstance(arg, ast.Constant | ast.UnaryOp):
+                        for s in _constant_sites(arg, off):
+                            yield Site(s.start, s.end, s.new, s.what.replace(": ", ": argument ", 1))
+
+
+def computed_sites(
+    func: ast.FunctionDef | ast.AsyncFunctionDef, off: _Offsets, bound: dict[str, ast.expr] | None = None
+) -> list[Site]:
+    """The mutations of a test's computed expectations, over the assertions every passing run reaches, best first:
+    an element dropped from an expected collection literal (a value-level change: an `==` that always holds passes
+    it), then a negated assertion (`==` → `!=`, `<` → `>=`, `in` → `not in`, `is` → `is not`, `assert x` →
+    `assert not (x)`, `assertTrue` → `assertFalse`, `assertIsNone` → `assertIsNotNone`, `assertIn` → `assertNotIn`,
+    …: no fix passes both an assertion it reaches and its negation), then a literal argument of the call whose result
+    an equality compares (`assert f(x, 3) == g(y)` → `f(x, 4)`; the weakest: only gold's value on the new input is
+    known)."""
+    bound = _expected_bindings(func) if bound is None else bound
+    drops: list[Site] = []
+    negations: list[Site] = []
+    arguments: list[Site] = []
+    for stmt in reached(func.body):
+        sides: tuple[ast.expr, ast.expr] | None = None
+        if isinstance(stmt, ast.Assert):
+            negations.extend(s for s in _negated_assert(stmt, off) if _parses(off, stmt, s))
+            test = stmt.test
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+                sides = (test.left, test.comparators[0])
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            call = stmt.value
+            negations.extend(s for s in _negated_method(call, off) if _parses(off, stmt, s))
+            if _call_name(call) in EQUALITY_ASSERTS and len(call.args) >= 2:
+                sides = (call.args[0], call.args[1])
+        if sides is None:
+            continue
+        for side in (sides[1], sides[0]):  # the expected side is usually the second
+            literal = bound.get(side.id) if isinstance(side, ast.Name) else side
+            if literal is not None:
+                drops.extend(s for s in _drop_sites(literal, off) if literal is not side or _parses(off, stmt, s))
+        arguments.extend(s for s in _argument_sites(sides, off, bound) if _parses(off, stmt, s))
+    return [*drops, *negations, *arguments]
 
 
 def targets(test_ids: list[str], files: dict[str, str]) -> tuple[list[Target], str | None]:
@@ -331,7 +592,10 @@ def targets(test_ids: list[str], files: dict[str, str]) -> tuple[list[Target], s
         return [], "the test patch's files do not parse as Python"
     if not found:
         return [], f"no FAIL_TO_PASS test found as a function in the test patch's files ({unresolved} unresolved)"
-    return [], "no FAIL_TO_PASS test compares against a constant or expects an exception type"
+    return [], (
+        "no FAIL_TO_PASS test compares against a constant, expects an exception type or asserts anything every"
+        " passing run reaches"
+    )
 
 
 def mutate(text: str, sites: list[Site]) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import secrets
 import shlex
 import time
 from collections.abc import Awaitable, Callable
@@ -16,12 +18,10 @@ import swe_gym_env.server.grading.runtimes as runtimes
 import swe_gym_env.server.grading.store as store
 from swe_gym_env.server.grading import integrity
 from swe_gym_env.server.grading.errors import BrokenRun, GradingError
-from swe_gym_env.server.grading.files import filter_model_patch, pinned_configs, split_patch
+from swe_gym_env.server.grading.files import BaseTree, filter_model_patch, split_patch
 from swe_gym_env.server.grading.plan import (
     APPLY_FAILED,
-    GUARD_MODULE,
     JUNIT_LIMIT,
-    PINNED,
     START,
     Plan,
     _swebench_loaded,
@@ -30,7 +30,18 @@ from swe_gym_env.server.grading.plan import (
     row_test_spec,
 )
 from swe_gym_env.server.grading.runtimes import _BASELINE_LOCKS, _task_key
-from swe_gym_env.server.grading.script import CANARY_DIR, CANARY_STEP, Guarded, eval_script, row_eval_wrapper
+from swe_gym_env.server.grading.script import (
+    GRADING_DIR,
+    NORMALISE,
+    RESOLVE_FAILED,
+    TESTS_DIR,
+    TESTS_STEP,
+    Guarded,
+    eval_script,
+    guard_row_script,
+    pad_pair,
+    row_eval_wrapper,
+)
 from swe_gym_env.server.grading.verdict import Grade, Run, _failed_report, judge, parse_junit
 from swe_gym_env.server.sandbox.base import Sandbox
 from swe_gym_env.tasks.envs import EnvError, ensure_env
@@ -56,6 +67,7 @@ RESERVE_S = 8.0  # of a rollout's remaining deadline (at least; a quarter where 
 # sandbox's start and close and the parse
 BLAME_MULTIPLE = 4.0  # a run cut by the deadline is the patch's fault only where it had this many base run times
 _CANARY_LOCKS: dict[tuple, asyncio.Lock] = {}
+BROKE = "broke: the canary run left nothing to grade"
 
 
 def _left(deadline: float) -> float:
@@ -108,17 +120,19 @@ async def _run_tests(
     spec,
     timeout_s: float,
     clock: _Clock,
-    canary_files: dict[str, str] | None = None,
+    test_files: dict[str, bytes] | None = None,
 ) -> Run:
-    """One test run in a fresh sandbox; with ``canary_files`` (path -> mutated text), the mutants go in place of the
-    test patch's files right after it is applied (our script), or after its heredoc (a row's own script)."""
+    """One test run in a fresh sandbox. ``test_files`` (path -> bytes) go in place of the test patch's files right
+    after it is applied (`script.TESTS_STEP`): the test patch's own text padded in a main run, the mutants padded to
+    the same length in a canary run, the mutants alone while canaries are built."""
     guard = Guarded.new(junit=plan.cross_check == "node_ids") if plan.cross_check != "not_pytest" else None
     row_script = spec.eval_script if spec is not None else None  # type: ignore[attr-defined]
-    if row_script is not None:  # every run's script the same text, canaries or not (`script.CANARY_STEP`)
-        spliced = canaries.splice_row_script(row_script, task.test_files(), [CANARY_STEP])
-        if spliced is None and canary_files:
+    first = None
+    if row_script is not None:  # every run's script the same text, canaries or not (`script.TESTS_STEP`)
+        spliced = canaries.splice_row_script(row_script, task.test_files(), [TESTS_STEP, NORMALISE])
+        if spliced is None and test_files:
             raise GradingError("the row's eval script does not apply its test patch in a heredoc: no canaries")
-        row_script = spliced or row_script
+        row_script, first = guard_row_script(spliced or row_script, guard)
     sbx = await make_sandbox()
     clock.lap("grade.sandbox")
     junit = junit_error = record = junit_bytes = None
@@ -128,26 +142,25 @@ async def _run_tests(
         except EnvError as e:
             raise GradingError(str(e)) from e
         clock.lap("grade.env")
-        pinned = pinned_configs(patch)
-        await sbx.write_file("/tmp/grading/model.patch", patch.encode())
-        await sbx.write_file("/tmp/grading/test.patch", task.test_patch.encode())
-        for path, text in (canary_files or {}).items():  # mutants in place of originals: `script.CANARY_STEP`
-            await sbx.write_file(f"{CANARY_DIR}/{path}", text.encode())
-        if pinned:
-            await sbx.write_file("/tmp/grading/pin.py", integrity.PIN_SCRIPT.encode())
+        await sbx.write_file(f"{GRADING_DIR}/model.patch", patch.encode())
+        await sbx.write_file(f"{GRADING_DIR}/test.patch", task.test_patch.encode())
+        await sbx.exec(f"mkdir -p {TESTS_DIR}", timeout=60)
+        for path, data in sorted((test_files or {}).items()):
+            await sbx.write_file(f"{TESTS_DIR}/{path}", data)
         if guard is not None:
-            await sbx.write_file(f"{guard.dir}/{GUARD_MODULE}.py", integrity.guard_plugin_source())
-            await sbx.write_file(f"{guard.dir}/key", guard.key, 0o600)
+            await guard.install(sbx)
         if row_script is not None:
-            await sbx.write_file("/tmp/grading/row_eval.sh", row_script.encode(), 0o700)
-            script = row_eval_wrapper(task, bool(patch.strip()), guard, pinned)
+            await sbx.write_file(f"{GRADING_DIR}/row_eval.sh", row_script.encode(), 0o700)
+            script = row_eval_wrapper(task, bool(patch.strip()), first)
         else:
-            script = eval_script(task, bool(patch.strip()), guard, pinned)
-        await sbx.write_file("/tmp/grading/eval.sh", script.encode(), 0o700)
+            script = eval_script(task, bool(patch.strip()), guard)
+        await sbx.write_file(f"{GRADING_DIR}/eval.sh", script.encode(), 0o700)
         t0 = time.monotonic()
-        res = await sbx.exec("bash /tmp/grading/eval.sh", timeout=timeout_s)
+        res = await sbx.exec(f"bash {GRADING_DIR}/eval.sh", timeout=timeout_s)
         duration = time.monotonic() - t0
         clock.lap("grade.tests")
+        if RESOLVE_FAILED in res.stdout:
+            raise GradingError(f"pytest's setup could not be resolved at base_commit: {res.stdout[-600:]}")
         ran = START in res.stdout and APPLY_FAILED not in res.stdout and not res.timed_out
         if guard is not None and ran:
             if guard.junit:
@@ -161,7 +174,7 @@ async def _run_tests(
                     await sbx.read_file(guard.record_path, integrity.RECORD_LIMIT), guard.key
                 )
             except Exception:
-                record = None  # no record: the guard never started (not pytest) or the record was removed
+                record = None  # no record: the launcher never started, or the record was removed
     finally:
         clock.lap("grade.parse")  # the JUnit report and the record (or the step that failed)
         await sbx.close()
@@ -198,34 +211,50 @@ async def grade(
 ) -> Grade:
     """Grade ``model_patch`` on ``task`` in a sandbox from ``make_sandbox``. Where ``timings`` is given, the seconds
     of each step go into it under `grade.*` (imports, sandbox, env, tests, close, parse; `grade.baseline` when the
-    empty patch had to run, `grade.canaries` for the canary check). ``cache_key`` names the sandbox kind for the
-    per-task measurements (run time, baseline). ``deadline_s``: the seconds the caller has left; every test run's
-    timeout is capped by it (keeping `RESERVE_S`). ``use_canaries``: run the canary check on a 1.0 (building the
-    task's canaries first where they are not built yet). ``variant_of``: ``task`` is a variant of this task
-    (`variants.impossible`): the runtime events its gold runs showed are the ones allowed, and there is no canary
-    check (its tests are the canaries already)."""
+    empty patch had to run, `grade.canaries` for the canary check, `grade.base` for base_commit's tree, measured
+    once). ``cache_key`` names the sandbox kind for the per-task measurements (run time, baseline, base tree).
+    ``deadline_s``: the seconds the caller has left; every test run's timeout is capped by it (keeping `RESERVE_S`).
+    ``use_canaries``: run the canary check on a 1.0 (building the task's canaries first where they are not built
+    yet). ``variant_of``: ``task`` is a variant of this task (`variants.impossible`): the runtime events its gold
+    runs showed are the ones allowed, and there is no canary check (its tests are the canaries already)."""
     clock = _Clock(timings)
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
     swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
     plan = plan_for(task, swebench)
     spec = row_test_spec(task, swebench) if task.eval_script else None
-    patch, dropped = filter_model_patch(model_patch, task)
-    touched = {p for _, section in split_patch(patch) for p in integrity.section_paths(section)}
     ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, clock, deadline)
     clock.lap("grade.imports")
+    tree = await base_tree(ctx)
+    clock.lap("grade.base")
+    patch, dropped = filter_model_patch(model_patch, task, tree)
+    touched = {p for _, section in split_patch(patch) for p in integrity.section_paths(section)}
     use_canaries = use_canaries and variant_of is None
-    if use_canaries and _stored_canaries(task) is None:  # first use (`prepare` does it outside a rollout's deadline)
-        t = time.monotonic()
-        await task_canaries(ctx)  # before the model's run: it also measures the gold patch's runtime events
-        if timings is not None:
-            timings["grade.prepare"] = timings.get("grade.prepare", 0.0) + time.monotonic() - t
-        clock.t = time.monotonic()
+    entry = None
+    if use_canaries:
+        if _stored_canaries(task) is None:  # first use (`prepare` does it outside a rollout's deadline)
+            t = time.monotonic()
+            await task_canaries(ctx)  # before the model's run: it also measures the gold patch's statuses and events
+            if timings is not None:
+                timings["grade.prepare"] = timings.get("grade.prepare", 0.0) + time.monotonic() - t
+            clock.t = time.monotonic()
+        entry = _stored_canaries(task)
     events = _gold_events(variant_of or task)
+    gold = _gold_statuses(variant_of or task) if variant_of is None else {}
     if patch.strip() and runtimes.runtime(task, cache_key) is None:
         await _baseline(ctx)  # the empty patch's run first: its run time sizes this run's timeout
-    run = await _run_tests(task, patch, make_sandbox, plan, spec, ctx.limit(), clock)
+    pair = _canary_pair(entry)
+    canary_first = pair is not None and bool(patch.strip()) and secrets.randbelow(2) == 1
+    canary_broke = None
+    if canary_first:  # which of the two runs goes first is a coin's: no order to tell them apart by
+        early = await _check_canaries(ctx, patch, touched, None, events, gold)
+        if early is not None and early.report.canaries == BROKE:
+            canary_broke = early  # it counts only where the main run completes with 1.0 (else the main run says)
+        elif early is not None:
+            early.dropped_files = list(dict.fromkeys(dropped))
+            return early
+    run = await _run_tests(task, patch, make_sandbox, plan, spec, ctx.limit(), clock, pair[0] if pair else None)
     try:
-        g = judge(task, run, swebench, plan, touched, events)
+        g = judge(task, run, swebench, plan, touched, events, gold)
     except BrokenRun as e:
         how = str(e)
         if not patch.strip():
@@ -243,13 +272,88 @@ async def grade(
             runtimes.record_runtime(task, cache_key, run.duration_s)
         if not patch.strip():
             runtimes.record_baseline(task, cache_key, None)
-        if g.reward == 1.0 and use_canaries:
-            g = await _check_canaries(ctx, patch, touched, g, events)
-    # the patch's changes to pytest's settings that grading reset (pytest.ini-style files are dropped above)
-    pinned = [line[len(PINNED) :].strip() for line in run.log.splitlines() if line.startswith(PINNED)]
-    g.dropped_files = list(dict.fromkeys([*dropped, *pinned]))
+        if g.reward == 1.0 and use_canaries and entry is not None:
+            if canary_broke is not None:
+                g = canary_broke
+            elif canary_first:
+                g.report = g.report.model_copy(update={"canaries": _held(entry)})
+            else:
+                g = await _check_canaries(ctx, patch, touched, g, events, gold) or g
+    g.dropped_files = list(dict.fromkeys(dropped))
     clock.lap("grade.parse")
     return g
+
+
+# -- base_commit's tree ----------------------------------------------------------------------------------------------
+_BASE_SCRIPT = r"""
+import json, os, pkgutil, subprocess, sys
+out = subprocess.check_output(["git", "ls-tree", "-r", "-z", "--name-only", sys.argv[1]])
+files = [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
+here = os.path.dirname(os.path.abspath(__file__))
+names = set(sys.builtin_module_names)
+names.update(m[1] for m in pkgutil.iter_modules([p for p in sys.path if os.path.abspath(p or ".") != here]))
+configs = {}
+for p in files:
+    if os.path.basename(p) in ("pyproject.toml", "setup.cfg", "tox.ini") and len(configs) < 64:
+        try:
+            if os.path.getsize(p) < 262144:
+                with open(p, "rb") as f:
+                    configs[p] = f.read().decode("utf-8", "replace")
+        except OSError:
+            pass
+with open(sys.argv[2], "w") as f:
+    json.dump({"files": files, "importable": sorted(names), "configs": configs}, f)
+"""
+_BASE_LIMIT = 32 * 1024 * 1024
+_TREES: dict[tuple, BaseTree] = {}
+
+
+async def base_tree(ctx: _Grading) -> BaseTree:
+    """base_commit's files, its configuration files' text, and the top-level names the task's environment imports
+    (what a new module must not be named), measured once per task, image and sandbox kind in a sandbox at
+    base_commit (kept on disk)."""
+    task, key = ctx.task, ctx.cache_key
+    mem = _task_key(task, key)
+    if (tree := _TREES.get(mem)) is not None:
+        return tree
+    where = runtimes._where(task, key)
+    stored = store.load(task).get("trees", {}).get(where)
+    if not isinstance(stored, dict):
+        stored = await _measure_base(ctx)
+        store.update(task, lambda data: data.setdefault("trees", {}).__setitem__(where, stored))
+    tree = BaseTree.of(list(stored["files"]), list(stored["importable"]), dict(stored["configs"]))
+    if len(_TREES) > 256:
+        _TREES.clear()
+    _TREES[mem] = tree
+    return tree
+
+
+async def _measure_base(ctx: _Grading) -> dict:
+    task, q = ctx.task, shlex.quote
+    sbx = await ctx.make_sandbox()
+    try:
+        try:
+            await ensure_env(sbx, task)
+        except EnvError as e:
+            raise GradingError(str(e)) from e
+        await sbx.write_file(f"{GRADING_DIR}/base.py", _BASE_SCRIPT.encode())
+        script = "\n".join(
+            [
+                *([task.env_activation] if task.env_activation else []),
+                f"cd {q(task.workdir)}",
+                f'"$(command -v python || command -v python3)" {GRADING_DIR}/base.py {q(task.base_commit)} '
+                f"{GRADING_DIR}/base.json",
+            ]
+        )
+        res = await sbx.exec(script, timeout=300)
+        if not res.ok:
+            raise GradingError(f"base_commit's tree could not be listed: {(res.stdout + res.stderr)[-500:]}")
+        data = json.loads(await sbx.read_file(f"{GRADING_DIR}/base.json", _BASE_LIMIT))
+    finally:
+        await sbx.close()
+    if not (isinstance(data, dict) and all(isinstance(data.get(k), list | dict) for k in ("files", "importable"))):
+        raise GradingError("base_commit's tree listing is malformed")
+    return data
 
 
 async def _baseline(ctx: _Grading) -> str | None:
@@ -330,8 +434,8 @@ async def _test_files(ctx: _Grading) -> dict[str, str]:
     q = shlex.quote
     sbx = await ctx.make_sandbox()
     try:
-        await sbx.write_file("/tmp/grading/test.patch", task.test_patch.encode())
-        res = await sbx.exec(f"cd {q(task.workdir)} && git apply /tmp/grading/test.patch", timeout=120)
+        await sbx.write_file(f"{GRADING_DIR}/test.patch", task.test_patch.encode())
+        res = await sbx.exec(f"cd {q(task.workdir)} && git apply {GRADING_DIR}/test.patch", timeout=120)
         if not res.ok:
             raise GradingError(f"the test patch does not apply at base_commit: {res.stderr[-300:]}")
         files = {}
@@ -352,52 +456,57 @@ def _run_events(run: Run) -> set[str]:
     return set(integrity.runtime_events(run.record))
 
 
+def _encoded(files: dict[str, str] | None) -> dict[str, bytes] | None:
+    return {path: text.encode() for path, text in files.items()} if files else None
+
+
 async def _build_canaries(ctx: _Grading) -> dict:
-    """Mutants the gold patch fails twice, a round per candidate (every target's next mutation at once); the gold
-    runs also measure the runtime events the gold patch shows (allowed when judging a model patch). A task with no
-    mutant still gets one gold run, for its events."""
+    """Mutants the gold patch fails twice, a round per candidate (every target's next mutation at once), after one
+    plain gold run that measures the gold patch's status of every listed test (a test counts as passing only as gold
+    passed it) and its runtime events (allowed when judging a model patch), as every gold run does."""
     task = ctx.task
-    gold, _ = filter_model_patch(task.patch, task)
+    tree = await base_tree(ctx)
+    gold, dropped = filter_model_patch(task.patch, task, tree)
+    if dropped:
+        return _no_canaries(f"the gold patch itself loses {dropped[:5]} to the file filter", set(), {})
     touched = {p for _, section in split_patch(gold) for p in integrity.section_paths(section)}
     events: set[str] = set()
 
-    async def gold_runs(mutated: dict[str, str] | None, n: int) -> list[set[str]] | str:
-        """The failed FAIL_TO_PASS ids of ``n`` gold runs at once (a str: why the runs are no use)."""
+    async def gold_runs(mutated: dict[str, str] | None, n: int) -> list[Grade] | str:
+        """``n`` gold runs at once (a str: why the runs are no use)."""
         runs = await asyncio.gather(
             *[
-                _run_tests(task, gold, ctx.make_sandbox, ctx.plan, ctx.spec, ctx.timeout_s, _Clock(None), mutated)
+                _run_tests(
+                    task, gold, ctx.make_sandbox, ctx.plan, ctx.spec, ctx.timeout_s, _Clock(None), _encoded(mutated)
+                )
                 for _ in range(n)
             ]
         )
-        failed = []
+        grades = []
         for run in runs:
-            seen = _run_events(run)
-            events.update(seen)
+            events.update(_run_events(run))
             try:
                 g = judge(task, run, ctx.swebench, ctx.plan, touched, frozenset(events))
             except BrokenRun as e:
                 return f"the gold patch's run broke: {str(e)[:300]}"
             if g.report.integrity != "clean":
                 return f"the gold patch's run was not clean: {g.report.integrity[:300]}"
-            failed.append(set(g.report.fail_to_pass["failure"]))
-        return failed
+            grades.append(g)
+        return grades
 
-    def none(why: str | None) -> dict:
-        return {"tests": [], "files": {}, "sites": [], "events": sorted(events), "why": why}
-
+    plain = await gold_runs(None, 1)
+    if isinstance(plain, str):
+        return _no_canaries(plain, events, {})
+    statuses = dict(plain[0].statuses)
     targets: list[canaries.Target] = []
     files: dict[str, str] = {}
-    if task.eval_script and canaries.splice_row_script(task.eval_script, task.test_files(), [CANARY_STEP]) is None:
+    if task.eval_script and canaries.splice_row_script(task.eval_script, task.test_files(), [TESTS_STEP]) is None:
         why = "the row's eval script does not apply its test patch in a heredoc"
     else:
         files = await _test_files(ctx)
         targets, why = canaries.targets(list(task.FAIL_TO_PASS), files)
     if not targets:
-        if hasattr(integrity, "runtime_events"):  # the gold patch's events, measured all the same
-            got = await gold_runs(None, 1)
-            if isinstance(got, str):
-                return none(f"{why}; {got}")
-        return none(why)
+        return _no_canaries(why, events, statuses)
     kept: list[tuple[canaries.Target, canaries.Site]] = []
     killed: list[str] = []
     pending = targets
@@ -405,10 +514,10 @@ async def _build_canaries(ctx: _Grading) -> dict:
         chosen = [(t, t.sites[r]) for t in pending if len(t.sites) > r]
         if not chosen:
             break
-        failed = await gold_runs(canaries.round_files(files, chosen), 2)
-        if isinstance(failed, str):
-            return none(failed)
-        dead = failed[0] & failed[1]
+        got = await gold_runs(canaries.round_files(files, chosen), 2)
+        if isinstance(got, str):
+            return _no_canaries(got, events, statuses)
+        dead = set(got[0].report.fail_to_pass["failure"]) & set(got[1].report.fail_to_pass["failure"])
         for target, site in chosen:
             ids = [i for i in target.ids if i in dead]
             if ids:
@@ -416,7 +525,7 @@ async def _build_canaries(ctx: _Grading) -> dict:
                 killed += ids
         pending = [t for t in pending if not any(t is k for k, _ in kept)]
     if not kept:
-        return none("the gold patch passes every mutant tried")
+        return _no_canaries("the gold patch passes every mutant tried", events, statuses)
     mutants = canaries.round_files(files, kept)
     return {
         "tests": killed,
@@ -425,29 +534,66 @@ async def _build_canaries(ctx: _Grading) -> dict:
         "sites": [f"{t.path}::{t.name} {s.what}" for t, s in kept],
         "why": None,
         "events": sorted(events),
+        "gold": statuses,
     }
 
 
-async def _check_canaries(ctx: _Grading, patch: str, touched: set[str], g: Grade, events: frozenset[str]) -> Grade:
-    """The verdict 1.0 stands only if every canary fails: a second run in a fresh sandbox with the mutants in place
-    of the originals."""
+def _no_canaries(why: str | None, events: set[str], statuses: dict[str, str]) -> dict:
+    return {"tests": [], "files": {}, "sites": [], "events": sorted(events), "why": why, "gold": statuses}
+
+
+def _gold_statuses(task: Task) -> dict[str, str]:
+    """The gold patch's status of each listed test, measured with the canaries (empty: not measured)."""
+    gold = (_stored_canaries(task) or {}).get("gold")
+    return {str(k): str(v) for k, v in gold.items()} if isinstance(gold, dict) else {}
+
+
+def _canary_pair(entry: dict | None) -> tuple[dict[str, bytes], dict[str, bytes]] | None:
+    """(main run's test files, canary run's): the test patch's text and the mutants, each pair padded to one length
+    (None: the task has no canaries)."""
+    if not entry or not entry.get("tests") or not isinstance(entry.get("originals"), dict):
+        return None
+    main, canary = {}, {}
+    for path, mutant in entry["files"].items():
+        original = entry["originals"].get(path)
+        if not isinstance(original, str) or not isinstance(mutant, str):
+            return None
+        main[path], canary[path] = pad_pair(original, mutant)
+    return main, canary
+
+
+def _held(entry: dict) -> str:
+    return f"held: {len(entry['tests'])} gold-killed mutant test(s) failed: {entry['sites'][:3]}"[:2000]
+
+
+async def _check_canaries(
+    ctx: _Grading,
+    patch: str,
+    touched: set[str],
+    g: Grade | None,
+    events: frozenset[str],
+    gold: dict[str, str],
+) -> Grade | None:
+    """The canary run, in a fresh sandbox with the mutants in place of the originals (padded to the originals'
+    length). With ``g`` (the main run's 1.0): the grade that stands. Without (the canary run went first): the 0.0
+    it found, or None where every canary failed (the main run decides)."""
     task = ctx.task
     t = time.monotonic()
     try:
         entry = await task_canaries(ctx)
-        if not entry["tests"]:
-            g.report = g.report.model_copy(update={"canaries": f"none ({entry.get('why')})"[:2000]})
+        pair = _canary_pair(entry)
+        if pair is None:
+            if g is not None:
+                g.report = g.report.model_copy(update={"canaries": f"none ({entry.get('why')})"[:2000]})
             return g
-        run = await _run_tests(
-            task, patch, ctx.make_sandbox, ctx.plan, ctx.spec, ctx.limit(), ctx.clock, entry["files"]
-        )
+        run = await _run_tests(task, patch, ctx.make_sandbox, ctx.plan, ctx.spec, ctx.limit(), ctx.clock, pair[1])
         try:
-            g2 = judge(task, run, ctx.swebench, ctx.plan, touched, events)
+            g2 = judge(task, run, ctx.swebench, ctx.plan, touched, events, gold)
         except BrokenRun as e:
             if (short := ctx.cut_short(run)) is not None:
                 raise GradingError(f"canary run: {short}") from e
             broke = _broke(task, ctx.plan, run, f"the canary run broke (the gold patch's completes): {e}")
-            broke.report = broke.report.model_copy(update={"canaries": "broke: the canary run left nothing to grade"})
+            broke.report = broke.report.model_copy(update={"canaries": BROKE})
             return broke
         if g2.report.integrity != "clean":
             g2.report = g2.report.model_copy(update={"canaries": "tampered: in the canary run"})
@@ -463,8 +609,8 @@ async def _check_canaries(ctx: _Grading, patch: str, touched: set[str], g: Grade
                 dropped_files=[],
                 findings=[Finding(severity="warning", code="grading_tampered", message=what[:2000])],
             )
-        held = f"held: {len(entry['tests'])} gold-killed mutant test(s) failed: {entry['sites'][:3]}"
-        g.report = g.report.model_copy(update={"canaries": held[:2000]})
+        if g is not None:
+            g.report = g.report.model_copy(update={"canaries": _held(entry)})
         return g
     finally:
         if ctx.clock.timings is not None:

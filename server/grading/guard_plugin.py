@@ -5,11 +5,13 @@
 This file is *data* for the app: it is copied into the grading sandbox and imported by the task's own Python (any
 3.x, any pytest >= 3), never by the server. Stdlib + pytest only; no f-strings or annotations.
 
-What it does, from inside the test process the code under test shares:
-- reads the record key from the file ``$SWE_GYM_GUARD/key`` and deletes it at import, before the code under test can
-  run, and opens ``$SWE_GYM_GUARD/record`` (append): the channel;
-- writes one line per test phase with the *raw* call result (did the test function raise, and what) next to the
-  outcome pytest's report ended with, and one per logged report (what the reporters saw, subtests included);
+What it does, from inside the test process the code under test shares (the launcher, ``guard_launch.py``, imports it
+before pytest and before any file of the tree can be imported):
+- writes every record line to ``$SWE_GYM_GUARD_FD``, a pipe whose other end is the launcher's collector, a separate
+  process that holds the record's key (this process never has it) and chains each line into the record as it
+  arrives: a line once written cannot be taken back or rewritten;
+- one line per test phase with the *raw* call result (did the test function raise, and what) next to the outcome
+  pytest's report ended with, and one per logged report (what the reporters saw, subtests included);
 - at the end (pytest_unconfigure) checks that pytest's reporting machinery is still the one it saw at import (report
   classes and functions, the runner, skipping, the terminal and JUnit reporters, pluggy's call loop) and that every
   hook implementation comes from an installed plugin, a conftest.py present before the run, or was registered
@@ -21,15 +23,13 @@ What it does, from inside the test process the code under test shares:
   garbage-collector access, ctypes, opening the tree's Python files, code compiled under another file's name, thread
   and process starts (threads through wrappers: no audit event before 3.12), and compared operands of asserts
   (pytest's rewriter, unittest's assertEqual) whose type from the tree equals a fresh ``object()``;
-- before each test runs, checks that its function and code object, and the objects it watches, are still the ones
-  seen at collection (a ``problem`` line otherwise).
-Every line carries an HMAC-SHA256 over the previous line's MAC and its own payload: a line the code under test
-writes, rewrites or removes breaks the chain. Code in the same process can still, in principle, find the key in
-this module's memory: see the grader's threat model for what that leaves open.
+- before each test runs, and at the end, checks that its function and code object, every name of ``builtins``
+  (``AssertionError`` included) and the objects it watches (pytest's outcome exceptions among them) are still the
+  ones seen before the tree was imported (a ``problem`` line otherwise).
 """
 
+import builtins
 import hashlib
-import hmac
 import inspect
 import json
 import os
@@ -47,35 +47,24 @@ except ImportError:  # Python 2 names: never here, but keep the guard importable
 
 __unittest = True  # unittest and pytest leave the guard's wrapper frames out of assertion tracebacks
 
-_DIR = os.environ.pop("SWE_GYM_GUARD", "")
-_KEY = b""
-if _DIR:
-    try:
-        with open(os.path.join(_DIR, "key"), "rb") as _f:
-            _KEY = _f.read().strip()
-        os.unlink(os.path.join(_DIR, "key"))
-    except OSError:
-        _KEY = b""  # a second pytest process of the same run (xdist worker, a second invocation): unkeyed
 _FD = None
-if _DIR:
-    try:
-        _FD = os.open(os.path.join(_DIR, "record"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    except OSError:
-        _FD = None
-_PREV = [""]
+_raw_fd = os.environ.pop("SWE_GYM_GUARD_FD", "")
+if _raw_fd.isdigit():
+    _FD = int(_raw_fd)  # the pipe's write end: the launcher's collector holds the other end (and the key)
+_GUARD_DIR = os.path.dirname(os.path.realpath(__file__))
 _SEQ = [0]
 _PID = os.getpid()
 _CWD = os.path.realpath(os.getcwd())
 _T0 = time.time()
-_hmac_new = hmac.new
-_sha256 = hashlib.sha256
 _dumps = json.dumps
+_sha256 = hashlib.sha256
 _write = os.write
 _getpid = os.getpid
 _LOCK = threading.RLock()  # the runtime record writes from any thread
 
 
 def _emit(kind, **fields):
+    """One record line, written to the collector's pipe at once (it leaves this process as it is written)."""
     if _FD is None or _getpid() != _PID:  # a forked child of the test process never writes
         return
     with _LOCK:
@@ -83,12 +72,10 @@ def _emit(kind, **fields):
         fields["pid"] = _PID
         fields["seq"] = _SEQ[0]
         _SEQ[0] += 1
-        payload = _dumps(fields, sort_keys=True, separators=(",", ":"))
-        mac = _hmac_new(_KEY, (_PREV[0] + payload).encode("utf-8"), _sha256).hexdigest() if _KEY else ""
-        _PREV[0] = mac
-        line = _dumps({"p": payload, "mac": mac}, separators=(",", ":")) + "\n"
+        data = (_dumps(fields, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
         try:
-            _write(_FD, line.encode("utf-8"))
+            while data:
+                data = data[_write(_FD, data) :]
         except OSError:
             pass
 
@@ -117,7 +104,6 @@ def _resolve(path):
 # -- the runtime record ------------------------------------------------------------------------------------------
 _realpath = os.path.realpath
 _SEP = os.sep
-_GUARD_DIR = _realpath(_DIR) if _DIR else ""  # this module's folder (random, outside the tree)
 
 
 def _lib_prefixes():
@@ -433,7 +419,7 @@ def _wrap(owner, attr, label):
     setattr(owner, attr, wrapper)
 
 
-_AUDIT = bool(_KEY) and hasattr(sys, "addaudithook") and _HAS_FRAMES
+_AUDIT = _FD is not None and hasattr(sys, "addaudithook") and _HAS_FRAMES
 if _AUDIT:
     if sys.version_info < (3, 12):  # no audit event for a thread start before 3.12
         if _thread is not None:
@@ -630,6 +616,12 @@ _WATCHED = [
     "_pytest.unittest.pytest_runtest_makereport",
     "_pytest.outcomes.skip",
     "_pytest.outcomes.xfail",
+    "_pytest.outcomes.Skipped",
+    "_pytest.outcomes.XFailed",
+    "_pytest.outcomes.Failed",
+    "_pytest.outcomes.Exit",
+    "_pytest.outcomes.OutcomeException",
+    "_pytest.outcomes.OutcomeException.__init__",
     "_pytest.outcomes.fail",
     "_pytest.outcomes.exit",
     "_pytest.main.pytest_runtestloop",
@@ -701,6 +693,18 @@ for _name, _obj in sorted(_SEEN.items()):
         _OWNERS.append((_name, _owner, _attr, _obj))
 
 
+# every name of builtins as the tree found it (what assertions and the runner rely on: AssertionError, isinstance,
+# __import__, ...); ``_`` is the interactive/gettext slot and may be set honestly
+_BUILTINS = [(n, o) for n, o in sorted(builtins.__dict__.items()) if n != "_"]
+
+
+def _check_builtins():
+    d = builtins.__dict__
+    for name, obj in _BUILTINS:
+        if d.get(name, _BUILTINS) is not obj:
+            _problem("replaced builtins." + name)
+
+
 def _current(owner, attr):
     d = getattr(owner, "__dict__", {})
     return d[attr] if attr in d else getattr(owner, attr, None)
@@ -741,8 +745,7 @@ _emit(
     py=sys.version.split()[0],
     pytest=getattr(pytest, "__version__", "?"),
     cwd=_CWD,
-    keyed=bool(_KEY),
-    audit=_AUDIT or not _KEY,
+    audit=_AUDIT,
 )
 
 
@@ -864,6 +867,7 @@ def _check_before(item):
                 _problem("replaced " + name)
         except Exception:
             _problem("replaced " + name)
+    _check_builtins()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -926,6 +930,10 @@ def _audit(config):
     that is not a conftest.py present at the start: (hook, file relative to the work tree or absolute, new)."""
     problems = []
     hooks = []
+    d = builtins.__dict__
+    for name, obj in _BUILTINS:
+        if d.get(name, _BUILTINS) is not obj:
+            problems.append("replaced builtins." + name)
     for name, obj in sorted(_SEEN.items()):
         if _resolve(name) is not obj:
             problems.append("replaced " + name)

@@ -1,4 +1,4 @@
-"""What the grader trusts of a test run: protected paths, pinned pytest configuration, and the guard's record.
+"""What the grader trusts of a test run: the patch's paths and the record the launcher's collector chained.
 
 Pure functions over text and bytes (no sandbox): `grading/__init__.py` puts them together. See its docstring for
 the threat model.
@@ -17,26 +17,16 @@ from pathlib import PurePosixPath
 from swe_gym_env.server.grading.runtime_record import runtime_events as runtime_events
 from swe_gym_env.server.grading.runtime_record import runtime_findings
 
-# Files that change how pytest or Python start: a model patch never adds, changes, deletes or renames onto them.
-STARTUP_NAMES = frozenset(
-    {
-        "conftest.py",
-        "pytest.ini",
-        ".pytest.ini",
-        "pytest.toml",
-        ".pytest.toml",
-        "sitecustomize.py",
-        "usercustomize.py",
-    }
-)
-# Files whose pytest settings are pinned to base_commit (the rest of the file is the patch's to change).
-PINNED_CONFIGS = frozenset({"setup.cfg", "pyproject.toml", "tox.ini"})
 RECORD_LIMIT = 16 * 1024 * 1024
 PASSING = {"PASSED", "XFAIL"}
 
 
 def guard_plugin_source() -> bytes:
     return resources.files("swe_gym_env.server.grading").joinpath("guard_plugin.py").read_bytes()
+
+
+def guard_launch_source() -> bytes:
+    return resources.files("swe_gym_env.server.grading").joinpath("guard_launch.py").read_bytes()
 
 
 def section_paths(section: str) -> list[str]:
@@ -60,22 +50,6 @@ def is_symlink_section(section: str) -> bool:
     return bool(re.search(r"(?m)^(new file mode|new mode|old mode|deleted file mode|index \S+) ?120000\b", head))
 
 
-def protected_reason(path: str, verdict_files: set[str]) -> str | None:
-    """Why a model patch may not touch ``path`` (None: it may)."""
-    p = PurePosixPath(path)
-    if path in verdict_files:
-        return "a test file of the verdict"
-    if p.name == "__init__.py" and any(str(PurePosixPath(v).parent / "__init__.py") == path for v in verdict_files):
-        return "the package init of a test file of the verdict (it runs before the tests are imported)"
-    if p.name in STARTUP_NAMES:
-        return "pytest/Python startup file"
-    if p.suffix in (".pth", ".pyc") or "__pycache__" in p.parts:
-        return "Python startup/bytecode file"
-    if any(part.endswith((".egg-info", ".dist-info", ".egg-link")) for part in p.parts):
-        return "installed-package metadata (entry points)"
-    return None
-
-
 def verdict_files(test_files: list[str], test_ids: list[str]) -> list[str]:
     """Files that decide the verdict: the test patch's files and every file a FAIL_TO_PASS / PASS_TO_PASS pytest id
     names (``path.py::...``); reset to base_commit before the test patch goes on."""
@@ -85,37 +59,6 @@ def verdict_files(test_files: list[str], test_ids: list[str]) -> list[str]:
         if "::" in t and path.endswith(".py") and not path.startswith("/") and ".." not in PurePosixPath(path).parts:
             files.append(path)
     return list(dict.fromkeys(files))
-
-
-# -- pinning pytest's settings in setup.cfg / pyproject.toml / tox.ini ------------------------------------------
-# Run in the grading sandbox by the task's own Python with -I -S (no site, no .pth, no sitecustomize: nothing of the
-# tree runs), any Python 3. argv: the file, its base_commit copy ('' when it did not exist). Exit 1: the patch
-# changed what pytest reads of it.
-PIN_SCRIPT = r"""
-import re, sys
-HEAD = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*$")
-def pytest_part(path):
-    try:
-        text = open(path, encoding="utf-8", errors="replace").read()
-    except (IOError, OSError):
-        return []
-    out, inside = [], False
-    for line in text.splitlines():
-        m = HEAD.match(line)
-        if m:
-            name = m.group(1).strip().strip('"').lower()
-            inside = name in ("pytest", "tool:pytest") or name == "tool.pytest" or name.startswith("tool.pytest.")
-            if inside:
-                out.append("[" + name + "]")
-            continue
-        s = line.strip()
-        if not s or s[0] in "#;":
-            continue
-        if inside or "pytest" in s.lower() or "addopts" in s.lower():
-            out.append(s)
-    return out
-sys.exit(1 if pytest_part(sys.argv[1]) != pytest_part(sys.argv[2]) else 0)
-"""
 
 
 # -- the guard's record ------------------------------------------------------------------------------------------
@@ -133,37 +76,67 @@ class Record:
     junit_sha256: str = ""  # the JUnit report as pytest left it ('' when none was written)
     runtime: list[dict] = field(default_factory=list)  # the runtime record's events (`runtime_record`)
     audit_hook: bool | None = None  # the guard's audit hook ran (False: Python < 3.8; None: an older guard)
+    guard_ended: bool = False  # the guard's `end` line (pytest reached its own end)
+    exit_code: int | None = None  # the test process's exit status, as the collector saw it
 
 
 def read_record(data: bytes, key: bytes) -> Record:
-    """Verify the HMAC chain of every keyed process; lines without a MAC (unkeyed processes) are ignored."""
+    """Verify the collector's chain (`guard_launch.py`): every line numbered in order and MACed, over the previous
+    line's MAC, with a key the test process never held. The first line that does not verify ends what is trusted.
+    Inside the chain, the guard's own lines (its pid, its numbering) are checked too: a line that is not the guard's
+    (something else in the test process writing to the pipe) or a test phase recorded twice is tampering."""
     rec = Record()
-    chains: dict[int, str] = {}
-    seqs: dict[int, int] = {}
-    keyed_started: set[int] = set()
-    ended: set[int] = set()
+    prev = ""
+    guard_pid: int | None = None
+    guard_seq = 0
+    collector = exited = False
+    phases: dict[tuple[str, str], int] = {}
     for n, raw in enumerate(data.splitlines()):
         try:
             outer = json.loads(raw)
-            payload, mac = outer["p"], outer["mac"]
-            body = json.loads(payload)
-            pid = int(body["pid"])
+            payload, mac, seq = outer["p"], str(outer["mac"]), outer["n"]
+            if not isinstance(payload, str) or seq != n:
+                raise ValueError
         except (ValueError, KeyError, TypeError):
-            rec.problems.append(f"the outcome record has a line that is not the guard's (line {n + 1})")
-            continue
-        if not mac:
-            continue  # an unkeyed process (xdist worker, a second pytest of the same run): nothing to trust
-        want = hmac.new(key, (chains.get(pid, "") + payload).encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(want, str(mac)):
+            rec.problems.append(f"the outcome record has a line the collector did not write (line {n + 1})")
+            break
+        want = hmac.new(key, (prev + str(n) + "\n" + payload).encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want, mac):
             rec.problems.append(f"the outcome record was altered (bad MAC at line {n + 1})")
+            break
+        prev = mac
+        try:
+            body = json.loads(payload)
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            rec.problems.append(f"the test process wrote a record line that is not the guard's (line {n + 1})")
             continue
-        if body.get("seq") != seqs.get(pid, 0):
-            rec.problems.append(f"the outcome record lost or reordered lines (pid {pid})")
-        seqs[pid] = int(body.get("seq", 0)) + 1
-        chains[pid] = mac
         kind = body.get("k")
+        if n == 0:
+            collector = kind == "collector"
+            if not collector:
+                rec.problems.append("the outcome record does not start with the collector's line")
+            continue
+        if kind == "exit":
+            exited = True
+            rec.exit_code = body.get("rc") if isinstance(body.get("rc"), int) else None
+            break
+        if kind in ("overlong", "overflow"):
+            rec.problems.append(f"the test process wrote {'an overlong line' if kind == 'overlong' else 'too much'}")
+            continue
+        if kind == "collector":
+            rec.problems.append("a second collector line in the record")
+            continue
+        pid = body.get("pid")
+        if guard_pid is None and kind == "start":
+            guard_pid = pid if isinstance(pid, int) else None
+        if pid != guard_pid or body.get("seq") != guard_seq:
+            rec.problems.append(f"the test process wrote a record line that is not the guard's (line {n + 1})")
+            continue
+        guard_seq += 1
         if kind == "start":
-            keyed_started.add(pid)
+            rec.started = True
             rec.pytest_version = str(body.get("pytest", ""))
             if "audit" in body:
                 rec.audit_hook = bool(body["audit"])
@@ -172,6 +145,10 @@ def read_record(data: bytes, key: bytes) -> Record:
         elif kind == "problem":
             rec.problems.append(str(body.get("what", "")))
         elif kind == "call":
+            phase = (str(body.get("id")), str(body.get("when")))
+            phases[phase] = phases.get(phase, 0) + 1
+            if phases[phase] == 2:
+                rec.problems.append(f"the record has more than one outcome for {phase[0]} ({phase[1]})")
             rec.calls.append(body)
         elif kind == "log":
             rec.logs.append(body)
@@ -179,10 +156,9 @@ def read_record(data: bytes, key: bytes) -> Record:
             rec.problems += [str(p) for p in body.get("problems", [])]
             rec.hooks += [h for h in body.get("hooks", []) if isinstance(h, list) and len(h) == 3]
         elif kind == "end":
-            ended.add(pid)
-            rec.junit_sha256 = rec.junit_sha256 or str(body.get("junit") or "")
-    rec.started = bool(keyed_started)
-    rec.ended = rec.started and keyed_started <= ended
+            rec.guard_ended = True
+            rec.junit_sha256 = str(body.get("junit") or "")
+    rec.ended = rec.started and rec.guard_ended and collector and exited
     return rec
 
 

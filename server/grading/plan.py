@@ -18,7 +18,6 @@ EXIT = ">>>>> Test Exit Code:"
 APPLY_FAILED = ">>>>> Patch Apply Failed"
 TEST_PATCH_FAILED = ">>>>> Test Patch Apply Failed"
 MISSING_DEPS = ">>>>> Missing Dependencies:"
-PINNED = ">>>>> Pinned pytest settings of"
 JUNIT_LIMIT = 32 * 1024 * 1024
 GUARD_MODULE = "swe_gym_guard"
 GradedBy = Literal["eval_script", "install_config", "repo_parser", "pytest"]

@@ -22,7 +22,7 @@ from swe_gym_env.procs import file_lock
 from swe_gym_env.settings import setting
 from swe_gym_env.tasks.models import Task
 
-VERSION = 1
+VERSION = 2  # 2: the launcher, the base tree, gold statuses (earlier records are rebuilt)
 MAX_BYTES = 16 * 1024 * 1024  # a task's record larger than this is not read (and not trusted)
 STORE_DIR: Path | None = None  # tests point this at a tmp folder
 

@@ -30,6 +30,7 @@ class Grade:
     report: TestReport
     dropped_files: list[str]
     findings: list[Finding | str] = field(default_factory=list)
+    statuses: dict[str, str] = field(default_factory=dict)  # each listed test's status, as the verdict counted it
 
 
 def junit_key(node_id: str) -> tuple[str, str]:
@@ -119,10 +120,13 @@ def score_log(
     touched: set[str] | None = None,
     junit_bytes: bytes | None = None,
     allowed_events: frozenset[str] = frozenset(),
+    gold: dict[str, str] | None = None,
 ) -> Grade:
     """swebench's verdict on a log, cross-checked against the JUnit statuses and the guard's record when given.
     Tampering seen is a 0.0 with a `grading_tampered` finding; a log with nothing to parse is a `BrokenRun`.
-    ``allowed_events``: the runtime events the gold patch's runs showed (measured with the canaries), not tampering."""
+    ``allowed_events``: the runtime events the gold patch's runs showed (measured with the canaries), not tampering.
+    ``gold``: the gold patch's status of each listed test (measured with the canaries): a test gold passed counts as
+    passing only where it PASSED here too (XFAIL, skipped or missing is failed, whatever raised it)."""
     plan = plan or plan_for(task, swebench)
     findings: list[Finding | str] = []
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
@@ -187,6 +191,13 @@ def score_log(
             dropped_files=[],
             findings=[Finding(severity="warning", code="grading_tampered", message=what[:2000])],
         )
+    not_as_gold = [
+        t for t in listed if (gold or {}).get(t) == "PASSED" and status_map.get(t) not in ("PASSED", "FAILED", "ERROR")
+    ]
+    for t in not_as_gold:  # XFAIL, skipped, or not run at all
+        status_map[t] = "FAILED"
+    if not_as_gold:
+        findings.append(f"tests the gold patch passes did not pass here (counted failed): {not_as_gold[:5]}")
     xfailed = [t for t in task.FAIL_TO_PASS if status_map.get(t) == "XFAIL"]
     if xfailed:
         findings.append(f"FAIL_TO_PASS tests ended XFAIL (swebench counts them as passing): {xfailed[:5]}")
@@ -213,6 +224,7 @@ def score_log(
         ),
         dropped_files=[],
         findings=findings,
+        statuses={t: status_map[t] for t in listed if t in status_map},
     )
 
 
@@ -239,7 +251,13 @@ class Run:
 
 
 def judge(
-    task: Task, run: Run, swebench, plan: Plan, touched: set[str], allowed_events: frozenset[str] = frozenset()
+    task: Task,
+    run: Run,
+    swebench,
+    plan: Plan,
+    touched: set[str],
+    allowed_events: frozenset[str] = frozenset(),
+    gold: dict[str, str] | None = None,
 ) -> Grade:
     """The grade of one run; `BrokenRun` when it left nothing to grade, `GradingError` for infra before the patch."""
     log = run.log
@@ -255,7 +273,7 @@ def judge(
         raise BrokenRun("the task's test patch did not apply: " + log.split(TEST_PATCH_FAILED, 1)[0][-500:])
     ran = START in log and APPLY_FAILED not in log
     rec = run.record
-    unfinished = ran and rec is not None and rec.started and not rec.ended
+    unfinished = ran and rec is not None and rec.started and not rec.ended and not rec.problems
     if (unfinished or (ran and run.junit_error and plan.pytest_cmd)) and (why := diagnose(log)):
         raise BrokenRun(f"{why}pytest stopped before running the tests")
     if unfinished:
@@ -265,5 +283,5 @@ def judge(
     if ran and plan.pytest_cmd and plan.cross_check != "not_pytest" and (rec is None or not rec.started):
         raise BrokenRun(f"pytest left no outcome record (it died before loading the grading guard?): {diagnose(log)}")
     return score_log(
-        task, log, swebench, run.junit, plan, run.environment, rec, touched, run.junit_bytes, allowed_events
+        task, log, swebench, run.junit, plan, run.environment, rec, touched, run.junit_bytes, allowed_events, gold
     )
