@@ -28,12 +28,10 @@ _BUSY = (
 )
 
 
-def guarded_protocol(
-    base: type[asyncio.Protocol], header_timeout_s: float, max_connections: int
-) -> type[asyncio.Protocol]:
+def guarded_protocol(base: Any, header_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
     """``base`` (uvicorn's HTTP protocol: httptools or h11) with a header timeout and a connection cap."""
 
-    class Guarded(base):  # type: ignore[valid-type,misc]
+    class Guarded(base):
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
