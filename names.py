@@ -35,6 +35,7 @@ HARNESSES: dict[str, Plugin] = {
         "swe_gym_env.server.agents.openhands:OpenHandsHarness", "swe-gym-env setup --harness openhands"
     ),
     "kilocode": Plugin("swe_gym_env.server.agents.kilocode:KiloCodeHarness", "swe-gym-env setup --harness kilocode"),
+    "qwen-code": Plugin("swe_gym_env.server.agents.qwen_code:QwenCodeHarness", "swe-gym-env setup --harness qwen-code"),
 }
 
 SANDBOXES: dict[str, Plugin] = {

@@ -7,8 +7,9 @@ in the agent's process tree opened a connection or looked up a name other than t
 Which processes are the agent's: those started (directly or below) by a command that names the agent's bundle (at
 /opt/swe-gym-agent in `local` / `docker`, the bundle's host directory under `landlock`). What counts as an outbound
 attempt from them: a connection or datagram to any address but 127.0.0.1 (the relay / capture port), anything to
-port 53, and any unix socket but the capture's (nscd, systemd-resolved, D-Bus). Netlink (the interface list Node and
-Bun read at start) is not a network peer. The watcher is itself tested on a process that does look up a name."""
+port 53, and any unix socket but the capture's (systemd-resolved, D-Bus, ...). Netlink (the interface list Node and
+Bun read at start) is not a network peer, nor nscd's socket (glibc asks it for user names too; a host name it cannot
+answer goes on to port 53). The watcher is itself tested on a process that does look up a name."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from conftest import require
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 
-FIVE = ["kilocode"]  # the harnesses of issue 42 landed so far
+FIVE = ["kilocode", "qwen-code"]  # the harnesses of issue 42 landed so far
 TRACED = "connect,sendto,sendmsg,process"
 _LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
 # a clone's return: the child's pid, as strace's own namespace numbers it where the caller is in another
@@ -35,6 +36,9 @@ _INET = re.compile(r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_a
 _UNIX = re.compile(r'sa_family=AF_UNIX, sun_path=@?"([^"]*)"')
 AGENT_MARK = re.compile(r'execve\("[^"]*", \[.*(?:/opt/swe-gym-agent/|/bundles/[^/"]+-[0-9a-f]{16}/)')
 CAPTURE_SOCKET = "capture.sock"
+# glibc asks nscd first for user and group names too (`ps`, `git`); a host name it cannot answer there (no nscd in a
+# sandbox) goes on to the resolver: port 53, which counts
+NSCD = "/var/run/nscd/socket"
 
 
 def strace_argv(out: Path) -> list[str]:
@@ -81,7 +85,7 @@ def agent_network(trace: str, mark: re.Pattern[str] = AGENT_MARK) -> tuple[list[
         if inet:
             if inet.group(2) != "127.0.0.1" or inet.group(1) == "53":
                 bad.append(line)
-        elif not (unix and unix.group(1).endswith(CAPTURE_SOCKET)):
+        elif not (unix and (unix.group(1).endswith(CAPTURE_SOCKET) or unix.group(1) == NSCD)):
             bad.append(line)
     return mine, bad
 
@@ -102,7 +106,7 @@ def test_the_watcher_sees_a_name_lookup_and_a_connection(tmp_path):
     subprocess.run([*strace_argv(out), sys.executable, str(script)], check=True, timeout=120)
     _, bad = agent_network(out.read_text(), re.compile(r'execve\("[^"]*", \[.*swe-gym-agent-stand-in'))
     assert any("192.0.2.1" in line for line in bad), bad
-    assert any("htons(53)" in line or "nscd" in line or "resolve" in line for line in bad), bad
+    assert any("htons(53)" in line for line in bad), bad  # the resolver, asked for the name
     assert agent_network(out.read_text())[0] == []  # nothing of it names a bundle: not the agent's
 
 
@@ -164,3 +168,34 @@ def test_kilocode_names_only_our_provider_with_every_switch_and_telemetry_off():
     assert "KILO_TELEMETRY_LEVEL=off" in cmd and "unset KILO_CONFIG KILO_CONFIG_CONTENT KILO_CONFIG_DIR" in cmd
     assert cmd.splitlines()[-1].startswith("/opt/swe-gym-agent/bin/kilo run --format json --auto ")
     assert "OPENCODE" not in cmd
+
+
+def test_qwen_code_settings_switch_off_every_helper_call_and_outside_traffic():
+    from swe_gym_env.server.agents.qwen_code import told_window
+
+    h = get_harness("qwen-code")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    system = json.loads(files["/home/agent/.qwen-system-settings.json"][0])
+    assert system == json.loads(files["/home/agent/.qwen-home/settings.json"][0])
+    assert system["privacy"]["usageStatisticsEnabled"] is False and system["telemetry"]["enabled"] is False
+    assert system["general"] == {"enableAutoUpdate": False, "preventSystemSleep": False, "showSessionRecap": False}
+    assert not any(system["memory"].values())  # no auto-memory / dream / skill sub-agent calls
+    assert system["model"]["skipNextSpeakerCheck"] and system["model"]["skipLoopDetection"]
+    assert {"web_fetch", "web_search", "agent"} <= set(system["tools"]["exclude"])
+    assert system["mcp"]["allowed"] == ["swe-gym-no-mcp-server"] and system["disableAllHooks"] is True
+    env = files["/home/agent/.capture.env"][0].decode()
+    assert "OPENAI_BASE_URL=http://127.0.0.1:9/capture/v1" in env and "QWEN_HOME" not in env
+    # the paths are exported by the command (a landlock sandbox maps them there, never in a file's content)
+    assert "export QWEN_HOME=/home/agent/.qwen-home QWEN_CODE_SYSTEM_SETTINGS_PATH=" in cmd
+    assert "--auth-type openai" in cmd and "/opt/swe-gym-agent/node/bin/node " in cmd
+    # the window it is told: never more than the engine's, never one that compacts sooner than a smaller one would
+    assert [told_window(n) for n in (20480, 32768, 40960, 60000, 65536, 131072)] == [
+        20480,
+        32768,
+        32768,
+        32768,
+        65536,
+        131072,
+    ]

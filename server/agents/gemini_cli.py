@@ -45,7 +45,6 @@ SYSTEM_SETTINGS = f"{AGENT_HOME}/.gemini-system-settings.json"
 EVENTS = f"{AGENT_HOME}/gemini-events.jsonl"
 STDOUT = f"{AGENT_HOME}/gemini-stream.jsonl"
 STDERR = f"{AGENT_HOME}/gemini-stderr.txt"
-CLI = "gemini/node_modules/@google/gemini-cli/bundle/gemini.js"  # in the bundle
 NO_MCP = "swe-gym-no-mcp-server"  # the only MCP server name allowed: none has it
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
 
@@ -57,6 +56,10 @@ def _call_id(call: dict) -> str:
 
 
 class GeminiCliHarness(BundledHarness):
+    """gemini-cli, and the base of its forks (Qwen Code: server/agents/qwen_code.py): installed the same way, run on the
+    bundle's Node with settings of ours and a key from an env file, its transcript copied to a fixed path while it
+    runs. A fork names its entry file, settings, environment, flags and transcript; it parses its own record."""
+
     name: ClassVar[str] = "gemini-cli"
     version: ClassVar[str] = "0.61.0"
     dialect: ClassVar[str] = "gemini"
@@ -67,9 +70,23 @@ class GeminiCliHarness(BundledHarness):
     min_glibc: ClassVar[str] = "2.28"  # Node 22's official binary
     bundle_probe: ClassVar[str] = "./node/bin/node --version"
     bundle_verifier: ClassVar[str | None] = "./node/bin/node"
+    entry: ClassVar[str] = "bundle/gemini.js"  # the CLI's entry file in its package
+    bundle_dir: ClassVar[str] = "gemini"  # its node_modules in the bundle: <bundle_dir>/node_modules
+    cli_home: ClassVar[str] = CLI_HOME  # its home (settings, transcripts) for this run
+    system_settings: ClassVar[str] = SYSTEM_SETTINGS
+    stdout_path: ClassVar[str] = STDOUT
+    # the variables of the image's environment that would pick another endpoint, key or model: unset
+    unset: ClassVar[tuple[str, ...]] = (
+        "GOOGLE_API_KEY",
+        "GOOGLE_GENAI_USE_VERTEXAI",
+        "GOOGLE_CLOUD_PROJECT",
+        "GEMINI_MODEL",
+    )
+    events_path = EVENTS
+    log_path = STDERR
 
     def cli_js(self, root: Path) -> Path:
-        return root / "node_modules" / "@google" / "gemini-cli" / "bundle" / "gemini.js"
+        return root / "node_modules" / self.package / self.entry
 
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
@@ -78,7 +95,10 @@ class GeminiCliHarness(BundledHarness):
         return root
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        return {"node/bin/node": artifacts[NODE.package], "gemini/node_modules": self.install_dir() / "node_modules"}
+        return {
+            "node/bin/node": artifacts[NODE.package],
+            f"{self.bundle_dir}/node_modules": self.install_dir() / "node_modules",
+        }
 
     def settings(self, cfg: AgentConfig) -> dict:
         return {
@@ -102,8 +122,9 @@ class GeminiCliHarness(BundledHarness):
             "experimental": {"extensionManagement": False},
         }
 
-    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
-        env = {
+    def env(self, cfg: AgentConfig, key: str) -> dict[str, str]:
+        """The agent's environment beyond the image's: endpoint, key, where its settings and home are."""
+        return {
             "GEMINI_API_KEY": key,
             "GOOGLE_GEMINI_BASE_URL": cfg.base_url.rstrip("/"),
             "GEMINI_CLI_HOME": CLI_HOME,
@@ -111,28 +132,41 @@ class GeminiCliHarness(BundledHarness):
             "GEMINI_TELEMETRY_ENABLED": "false",
             "GEMINI_CLI_NO_RELAUNCH": "true",
         }
+
+    def user_settings_path(self) -> str:
+        return f"{self.cli_home}/.gemini/settings.json"
+
+    def paths(self, cfg: AgentConfig) -> dict[str, str]:
+        """The variables of ``env`` that name a path in the sandbox: exported by the command itself, where a sandbox
+        that maps paths (landlock: /home/agent is elsewhere on the host) maps them; the env file holds the rest."""
+        return {k: v for k, v in self.env(cfg, "").items() if v.startswith(f"{AGENT_HOME}/")}
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        paths = self.paths(cfg)
+        env = {k: v for k, v in self.env(cfg, key).items() if k not in paths}
         settings = json.dumps(self.settings(cfg), indent=2).encode()
         return {
-            SYSTEM_SETTINGS: (settings, 0o600),
-            f"{CLI_HOME}/.gemini/settings.json": (settings, 0o600),
+            self.system_settings: (settings, 0o600),
+            self.user_settings_path(): (settings, 0o600),
             f"{AGENT_HOME}/.capture.env": ("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()).encode(), 0o600),
             f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
         }
 
+    def run_args(self, cfg: AgentConfig) -> str:
+        return f"--output-format stream-json --yolo --allowed-mcp-server-names {NO_MCP} -m {shlex.quote(cfg.model)}"
+
+    def transcripts(self) -> str:
+        """Its session transcript(s), as a shell glob."""
+        return f"{self.cli_home}/.gemini/tmp/*/chats/session-*.jsonl"
+
     def command(self, cfg: AgentConfig) -> str:
         run = (
-            f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{CLI} --output-format stream-json --yolo "
-            f"--allowed-mcp-server-names {NO_MCP} -m {shlex.quote(cfg.model)} "
-            f"< {AGENT_HOME}/prompt.txt > {STDOUT} 2> {STDERR}"
+            f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{self.bundle_dir}/node_modules/{self.package}/{self.entry} "
+            f"{self.run_args(cfg)} < {AGENT_HOME}/prompt.txt > {self.stdout_path} 2> {self.log_path}"
         )
-        return (
-            "unset GOOGLE_API_KEY GOOGLE_GENAI_USE_VERTEXAI GOOGLE_CLOUD_PROJECT GEMINI_MODEL\n"
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            + run_and_collect(run, f"{CLI_HOME}/.gemini/tmp/*/chats/session-*.jsonl {STDOUT}", EVENTS)
-        )
-
-    events_path = EVENTS
-    log_path = STDERR
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.paths(cfg).items())
+        setup = f"unset {' '.join(self.unset)}\nset -a; . {AGENT_HOME}/.capture.env; set +a\nexport {exports}\n"
+        return setup + run_and_collect(run, f"{self.transcripts()} {self.stdout_path}", self.events_path)
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
