@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from cheats import BY_NAME, CORPUS, Cheat, as_diff
+from cheats import BY_NAME, CANARY_ONLY, CORPUS, Cheat, as_diff
 
 from swe_gym_env.server.grading import filter_model_patch, grade, runtimes
 from swe_gym_env.server.sandbox.base import SandboxSpec
@@ -125,6 +125,18 @@ async def test_cheat_corpus_scores_zero_with_its_finding(cheat, tmp_path, monkey
         assert g.report.integrity.startswith("tampered: ")
     elif cheat.expect == "patch_broke_test_run":
         assert g.report.integrity.startswith("patch_broke_run: ")
+
+
+@pytest.mark.parametrize("cheat", CANARY_ONLY, ids=str)
+async def test_what_only_the_canaries_catch_scores_zero(cheat, tmp_path):
+    """An always-equal proxy that spares a bare object(), alone and behind a canary-run switch (issue 40, class 1):
+    the main and the canary run are one procedure, so the switch never fires and a gold-killed mutant passes."""
+    task = bundled_tasks()[0]
+    diff = cheat_diff(task, cheat, tmp_path)
+    for _ in range(2):  # both orders of the two runs are drawn by a coin: twice makes either order likely
+        g = await grade(task, diff, factory(task), timeout_s=60)
+        assert g.reward == 0.0 and g.report.integrity.startswith("tampered: "), (cheat.name, g.report.integrity)
+        assert "canary" in g.report.integrity and codes(g) == ["grading_tampered"], g.report.integrity
 
 
 @pytest.mark.parametrize("name", ["monkeypatch_report_from_init", "atexit_forges_log_and_junit"])

@@ -14,13 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swe_gym_env.server.grading import Guarded, filter_model_patch, load_swebench, parse_junit, score_log
-from swe_gym_env.server.grading.integrity import (
-    PIN_SCRIPT,
-    guard_plugin_source,
-    protected_reason,
-    read_record,
-    section_paths,
-)
+from swe_gym_env.server.grading.files import BaseTree, config_change_reason, protected_reason
+from swe_gym_env.server.grading.integrity import guard_launch_source, guard_plugin_source, read_record, section_paths
 from swe_gym_env.tasks.models import Task
 
 T = "tests/test_sub.py::"
@@ -68,31 +63,31 @@ def task(f2p: list[str], p2p: list[str]) -> Task:
 
 
 def guarded_run(root: Path, files: dict[str, str]) -> tuple[str, bytes, bytes, bytes]:
-    """pytest on ``files`` with the guard loaded as grading loads it: (log, junit, record, key)."""
+    """pytest on ``files`` started as grading starts it (the launcher: setup resolved first, then the collector and
+    the guarded test process): (log, junit, record, key)."""
     repo = root / "repo"
     for path, text in files.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         if not (repo / path).exists() or (repo / path).read_text() != text:  # an unchanged file keeps its mtime
             (repo / path).write_text(text)
-    guard = Guarded(str(root / "guard"), b"k" * 64, junit=True)
+    guard = Guarded(b"k" * 64, junit=True, dir=str(root / "guard"))
     Path(guard.dir).mkdir()
     (Path(guard.dir) / "swe_gym_guard.py").write_bytes(guard_plugin_source())
+    launcher = Path(guard.dir) / "swe_gym_launch.py"
+    launcher.write_bytes(guard_launch_source())
     (Path(guard.dir) / "key").write_bytes(guard.key)
-    env = {
-        "PATH": os.environ["PATH"],
-        "SWE_GYM_GUARD": guard.dir,
-        "PYTHONPATH": f"{guard.dir}:{repo}",
-        "PYTEST_ADDOPTS": f"-p swe_gym_guard --junitxml={guard.junit_path} -o junit_logging=no",
-    }
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert not (Path(guard.dir) / "key").exists(), "the guard deletes its key before the code under test runs"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(repo)}
+    args = ["-rA", "-p", "no:cacheprovider", "tests"]
+    for what, extra in (("resolve", []), ("run", guard.extra_args())):
+        r = subprocess.run(
+            [sys.executable, str(launcher), what, guard.dir, "module", "--", *extra, *args],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert not (Path(guard.dir) / "key").exists(), "the collector deletes the key before the test process starts"
     log = f">>>>> Start Test Output\n{r.stdout}{r.stderr}>>>>> End Test Output\n>>>>> Test Exit Code: {r.returncode}\n"
     junit = Path(guard.junit_path).read_bytes() if Path(guard.junit_path).exists() else b""
     return log, junit, Path(guard.record_path).read_bytes(), guard.key
@@ -128,10 +123,11 @@ def test_passing_subtests_pass(swebench, subtests_run):
     assert g.reward == 1.0 and g.report.integrity == "clean" and g.report.junit_cross_check == "match"
 
 
-def test_the_record_is_keyed_chained_and_ends(subtests_run):
+def test_the_record_is_chained_by_the_collector_and_ends(subtests_run):
     _, _, record, key = subtests_run
     rec = read_record(record, key)
     assert rec.started and rec.ended and not rec.problems, rec.problems
+    assert rec.exit_code == 1  # the failed subtests
     assert {c["id"] for c in rec.calls} >= {T + "test_plain", T + "test_fixture_subtests"}
     assert rec.junit_sha256 and rec.pytest_version.split(".")[0] >= "9"
     assert read_record(record, b"another key").problems, "a wrong key verifies nothing"
@@ -140,7 +136,28 @@ def test_the_record_is_keyed_chained_and_ends(subtests_run):
     assert any("altered" in p for p in read_record(altered, key).problems)
     dropped = b"".join(lines[:2] + lines[3:])
     assert read_record(dropped, key).problems, "a removed line breaks the chain"
-    assert not read_record(b"".join(lines[:-1]), key).ended, "no end line: the run did not reach pytest's end"
+    assert not read_record(b"".join(lines[:-1]), key).ended, "no exit line: the collector did not see the end"
+
+
+def test_lines_the_test_process_writes_to_the_pipe_are_not_the_guards(subtests_run):
+    """Something in the test process writing to the collector's pipe: the collector chains whatever arrives (it
+    cannot be taken back), and the grader sees it is not the guard's (wrong numbering, a phase twice)."""
+    import hashlib
+    import hmac
+    import json
+
+    _, _, record, key = subtests_run
+    lines = record.splitlines()
+    prev = json.loads(lines[4])["mac"]
+    body = json.loads(json.loads(lines[5])["p"])
+    forged = json.dumps({**body}, sort_keys=True, separators=(",", ":"))  # a copy of a real line, replayed
+    out = lines[:5]
+    for n, payload in enumerate([forged, *(json.loads(x)["p"] for x in lines[5:])], start=5):
+        mac = hmac.new(key, (prev + str(n) + "\n" + payload).encode(), hashlib.sha256).hexdigest()
+        out.append(json.dumps({"n": n, "p": payload, "mac": mac}).encode())
+        prev = mac
+    rec = read_record(b"\n".join(out), key)
+    assert any("not the guard's" in p for p in rec.problems), rec.problems
 
 
 BROKEN = "import pkg\n\n\ndef test_fixed():\n    assert pkg.VALUE == 2\n\n\ndef test_kept():\n    assert True\n"
@@ -194,25 +211,75 @@ def rename(old: str, new: str) -> str:
     [
         ("conftest.py", True),
         ("a/b/c/conftest.py", True),
+        ("a/b/c/ConfTest.py", True),  # case folded
         (".pytest.ini", True),
         ("pytest.toml", True),
         ("sub/.pytest.toml", True),
         ("sitecustomize.py", True),
         ("src/usercustomize.py", True),
+        ("setup.py", True),
         ("pkg/x.pth", True),
         ("pkg/__pycache__/m.cpython-311.pyc", True),
         ("pkg.egg-info/entry_points.txt", True),
+        ("pkg.DIST-INFO/entry_points.txt", True),  # the case importlib.metadata ignores
+        ("pkg.dist\uff0dinfo/entry_points.txt", True),  # a full-width hyphen: NFKC makes it "-"
+        ("pytest.py", True),
+        ("PyTest.py", True),
+        ("_pytest/__init__.py", True),
+        ("pluggy/__init__.py", True),
+        ("typing.py", True),
+        ("pytest_evil.py", True),
         ("tests/test_sub.py", True),  # a verdict file
-        ("setup.cfg", False),  # pinned, not dropped
+        ("TESTS/Test_Sub.py", True),
+        ("setup.cfg", False),  # judged by its parser (config_change_reason)
         ("pyproject.toml", False),
         ("pkg/module.py", False),
         ("tests/helpers.py", False),
         ("tests/__init__.py", True),  # the package init of a verdict file's directory
         ("pkg/__init__.py", False),
+        (".git/hooks/pre-commit", True),
+        ("../outside.py", True),
     ],
 )
 def test_protected_paths(path, protected):
     assert (protected_reason(path, {"tests/test_sub.py"}) is not None) == protected
+
+
+TREE = BaseTree.of(
+    ["pkg/__init__.py", "pkg/core.py", "src/mod/__init__.py", "tests/test_sub.py", "README.md"],
+    ["json", "pytest", "freezegun", "requests"],
+    {},
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "kept"),
+    [
+        ("pkg/new_module.py", True),  # a new module in a package that exists
+        ("pkg/json.py", True),  # inside a package: imported as pkg.json, never in place of json
+        ("pkg/sub/new.py", False),  # a folder base_commit does not have
+        ("newpkg/__init__.py", False),
+        ("freezegun.py", False),  # at the root (on sys.path): in place of an installed package
+        ("tests/freezegun.py", False),  # tests/ has no __init__: its folder goes on sys.path
+        ("src/json.py", False),
+        ("tests/__init__.py", False),  # turns tests/ into a package
+        ("helpers.py", True),  # a new top-level module that imitates nothing
+        ("docs_new.txt", True),
+    ],
+)
+def test_new_files_against_base_commits_tree(path, kept):
+    section = (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x = 1\n"
+    )
+    out, dropped = filter_model_patch(section, task([T + "test_fixed"], []), TREE)
+    assert (out == section) == kept and (dropped == []) == kept
+
+
+@given(st.text(alphabet="pytesPYTES_.", min_size=4, max_size=12))
+def test_names_that_fold_to_a_protected_one_are_protected(name):
+    folded = name.casefold()
+    if folded in ("pytest.py", "conftest.py", "setup.py", "pytest.ini", "pytest.toml"):
+        assert protected_reason(name, set()) is not None
 
 
 def test_renames_are_judged_by_both_names():
@@ -231,15 +298,6 @@ def test_a_rename_onto_a_startup_name_is_always_dropped(old, name):
     t = task([T + "test_fixed"], [])
     assert filter_model_patch(rename(old, new), t)[0] == ""
     assert new in section_paths(rename(old, new)) and old in section_paths(rename(old, new))
-
-
-def pin(tmp_path: Path, base: str | None, new: str, name: str) -> int:
-    (tmp_path / "pin.py").write_text(PIN_SCRIPT)
-    (tmp_path / name).write_text(new)
-    (tmp_path / "base").write_text(base or "")
-    return subprocess.run(
-        [sys.executable, "-I", "-S", str(tmp_path / "pin.py"), str(tmp_path / name), str(tmp_path / "base")]
-    ).returncode
 
 
 CFG = "[metadata]\nname = x\nversion = 1.0\n\n[tool:pytest]\naddopts = -ra\n\n[flake8]\nmax-line-length = 100\n"
@@ -267,5 +325,29 @@ TOML = '[project]\nname = "x"\nversion = "1.0"\n\n[tool.pytest.ini_options]\nadd
         ("tox.ini", "[tox]\nenvlist = py3\n", "[tox]\nenvlist = py3\n[pytest]\naddopts = -p pkg.plugin\n", True),
     ],
 )
-def test_the_pin_script_sees_exactly_pytest_settings(tmp_path, name, base, new, changed):
-    assert pin(tmp_path, base, new, name) == (1 if changed else 0)
+def test_configuration_files_are_judged_by_their_parsers(name, base, new, changed):
+    import difflib
+
+    body = "".join(difflib.unified_diff((base or "").splitlines(True), new.splitlines(True), "a/" + name, "b/" + name))
+    head = f"diff --git a/{name} b/{name}\n" + ("new file mode 100644\n" if base is None else "")
+    if base is None:
+        body = body.replace(f"--- a/{name}", "--- /dev/null")
+    assert (config_change_reason(name, base, head + body) is not None) == changed
+
+
+@pytest.mark.parametrize(
+    "new",
+    [
+        TOML.replace("[tool.pytest.ini_options]", '[tool."pyt\\u0065st"."ini_options"]').replace('"-ra"', '"-p x"'),
+        TOML.replace("[tool.ruff]\nx = 1", '[tool]\n"pytest" = { ini_options = { addopts = "-p x" } }'),
+    ],
+)
+def test_toml_escapes_do_not_hide_pytest_settings(new):
+    """Class 5 of issue 40: a table name behind TOML escapes is the table tomllib reads."""
+    import difflib
+
+    body = "".join(
+        difflib.unified_diff(TOML.splitlines(True), new.splitlines(True), "a/pyproject.toml", "b/pyproject.toml")
+    )
+    reason = config_change_reason("pyproject.toml", TOML, "diff --git a/pyproject.toml b/pyproject.toml\n" + body)
+    assert reason is not None, new

@@ -6,6 +6,20 @@ expected argument of `assertEqual` and its kin, or the expected exception type o
 `assertRaises` (replaced by a fresh class nothing can raise). Only `==`-like comparisons are mutated: for `<`, `!=` or
 `in`, a value other than gold's may be just as right, and would pass a mutant gold fails.
 
+Tests that compare with computed values only (`assert o2["dob"] == o["dob"]`, `assert result == expected` with
+`expected` a parameter) have no expected value to change; for them, and as a fallback wherever gold passes the mutants
+above, the computed expectations are mutated (`computed_sites`), best first: an element dropped from an expected
+collection literal; an assertion negated (`==` ↔ `!=`, `<` → `>=`, `in` ↔ `not in`, `is` ↔ `is not`, `assert x` →
+`assert not (x)`, `assertTrue` ↔ `assertFalse`, `assertIsNone` ↔ `assertIsNotNone`, `assertIn` ↔ `assertNotIn`, …);
+a literal argument of the call whose result an equality compares (`assert f(x, 3) == g(y)` → `f(x, 4)`). Only
+assertions every passing run reaches (`reached`: not in a branch, loop, `try` or `pytest.raises` block, nor after a
+statement that may return or skip), so a fix that passes the original reaches the mutated assertion too: it cannot
+pass a negation of an assertion it passes, nor an expected collection less one element. An argument mutant is the
+weakest (only gold's value on the new input is known), so it comes last. A negated `==` catches every way of not
+running the assertion (a test body swapped, assertions made no-ops, reports rewritten), not an `==` that always holds
+(its `!=` is false); the other two catch that too. The expected-value mutants keep the first `ROUNDS - 1` rounds; the
+best computed one always gets a round.
+
 A mutant is kept only when the gold patch, which passes the original, fails it in two runs (no flaky canaries). No
 honest fix passes a kept mutant: it expects a value or an exception the correct code does not produce. So a patch
 that passes a test *and* its kept mutant is not being checked by the test (comparisons that always hold, test bodies
@@ -253,7 +267,8 @@ def _expected_bindings(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str
 
 
 def sites_of(func: ast.FunctionDef | ast.AsyncFunctionDef, off: _Offsets) -> list[Site]:
-    """The mutations a test function allows, in source order: expected values first, then expected exceptions."""
+    """The mutations a test function allows, best first: expected values (in source order), then expected exceptions,
+    with the computed expectations' mutants (`computed_sites`) after them, the best of those within `ROUNDS`."""
     values: list[Site] = []
     raises: list[Site] = []
     bound = _expected_bindings(func)
@@ -446,7 +461,7 @@ def _negated_method(call: ast.Call, off: _Offsets) -> Iterator[Site]:
     if not isinstance(func, ast.Attribute) or func.attr not in NEGATED_METHODS or func.end_lineno is None:
         return
     new = NEGATED_METHODS[func.attr]
-    if new == "assertNotEqual" and "Not" not in func.attr and "Equal" in func.attr and func.attr != "assertEqual":
+    if new == "assertNotEqual" and func.attr not in ("assertEqual", "assertEquals"):  # a typed equality
         if len(call.args) > 3 or any(k.arg != "msg" for k in call.keywords):  # seq_type=…: not assertNotEqual's
             return
     end = off.at(func.end_lineno, func.end_col_offset)  # type: ignore[arg-type]

@@ -186,7 +186,13 @@ def path_reason(path: str, verdict: set[str], tree: BaseTree | None, new: bool) 
         return "Python start-up, bytecode or extension file"
     if any(part.endswith(NEVER_PARTS_SUFFIXES) for part in p.parts):
         return "installed-package metadata (entry points)"
-    if tree is None or not new:
+    if tree is None:  # base_commit not measured: judged by name alone, as a top-level module
+        top = p.parts[0]
+        mod = top[:-3] if top.endswith(".py") else top if len(p.parts) > 1 else None
+        if new and mod is not None and (mod in shadowed_names(None) or mod.startswith("pytest_")):
+            return f"a new top-level module that could be imported in place of {mod!r}"
+        return None
+    if not new:
         return None
     parent = str(p.parent) if "/" in n else ""
     if parent not in tree.dirs:
@@ -255,7 +261,7 @@ def _flatten(value: object, prefix: str, out: dict[str, object]) -> None:
     if isinstance(value, dict) and value:
         for k, v in value.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    else:
+    elif prefix:
         out[prefix] = value
 
 

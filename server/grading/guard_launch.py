@@ -26,7 +26,8 @@ Three modes, all started by the grading script (``script.py``):
     Imports the guard plugin, pytest and pluggy before any file of the tree can be imported: the tree's folder is not
     on ``sys.path`` yet (MODE ``module``, the task ran ``python -m pytest``: it goes in after the standard library,
     never before it). pytest's entry-point autoloading loads exactly the base_commit's list, by name, as pluggy would;
-    then pytest runs with ``-p swe_gym_guard -c <pinned copy> --rootdir <base rootdir> --confcutdir <base cut-off>``.
+    then pytest runs with the guard registered first and ``-c <pinned copy> --rootdir <base rootdir> --confcutdir
+    <base cut-off>``.
 """
 
 import hashlib
@@ -296,14 +297,17 @@ def child(guard, mode, args):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # nothing more from the guard folder
     if mode == "module":
         _tree_after_stdlib()
-    argv = ["-p", "swe_gym_guard", "-c", setup["ini"], "--rootdir", setup["rootdir"]]
-    argv += ["--confcutdir", setup["confcutdir"]] + list(args)
+    argv = ["-c", setup["ini"], "--rootdir", setup["rootdir"], "--confcutdir", setup["confcutdir"]] + list(args)
     sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py") if mode == "module" else "pytest"]
     sys.argv += argv
-    main = getattr(pytest, "console_main", None)
-    if main is not None:
-        return main()
-    return pytest.main(argv)
+    # the guard goes in as an object, registered before pytest reads a single option (as -p would, and without
+    # pytest's warning that an already imported module cannot be rewritten: an error under filterwarnings=error)
+    code = pytest.main(argv, plugins=[swe_gym_guard])
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    return int(code)
 
 
 def launch(argv):

@@ -880,13 +880,15 @@ def pytest_runtest_call(item):
 def pytest_runtest_makereport(item, call):
     raw, origin = _raw(call)
     outcome = yield
+    sub = False
     try:
         rep = outcome.get_result()
         out = getattr(rep, "outcome", "?")
         xf = hasattr(rep, "wasxfail")
+        sub = type(rep).__name__ == "SubtestReport" or hasattr(rep, "context")
     except Exception as e:
         out, xf = "raised:" + type(e).__name__, False
-    _emit("call", id=item.nodeid, when=call.when, raw=raw, origin=origin, out=out, xf=xf)
+    _emit("call", id=item.nodeid, when=call.when, raw=raw, origin=origin, out=out, xf=xf, sub=sub)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

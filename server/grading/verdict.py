@@ -192,9 +192,9 @@ def score_log(
             findings=[Finding(severity="warning", code="grading_tampered", message=what[:2000])],
         )
     not_as_gold = [
-        t for t in listed if (gold or {}).get(t) == "PASSED" and status_map.get(t) not in ("PASSED", "FAILED", "ERROR")
+        t for t in listed if (gold or {}).get(t) == "PASSED" and status_map.get(t) in ("XFAIL", "SKIPPED", "XPASS")
     ]
-    for t in not_as_gold:  # XFAIL, skipped, or not run at all
+    for t in not_as_gold:  # XFAIL or skipped (a test not run at all is failed already)
         status_map[t] = "FAILED"
     if not_as_gold:
         findings.append(f"tests the gold patch passes did not pass here (counted failed): {not_as_gold[:5]}")

@@ -310,16 +310,9 @@ async def measure(task, log=print) -> tuple[list[str], list[str], list[str]]:
     """(FAIL_TO_PASS, PASS_TO_PASS, disagreements) from running the test files in the local sandbox, in the task's
     own environment, with the test patch alone and with the fix: swebench's parser and the JUnit report must agree
     on every test kept."""
-    from swe_gym_env.server.grading import (
-        GUARD_MODULE,
-        Guarded,
-        eval_script,
-        load_swebench,
-        make_test_spec,
-        parse_junit,
-    )
+    from swe_gym_env.server.grading import Guarded, eval_script, load_swebench, make_test_spec, parse_junit
     from swe_gym_env.server.grading import junit_key as key_of
-    from swe_gym_env.server.grading.integrity import guard_plugin_source
+    from swe_gym_env.server.grading.script import TESTS_DIR
     from swe_gym_env.server.sandbox.base import SandboxSpec
     from swe_gym_env.server.sandbox.registry import create_sandbox
     from swe_gym_env.tasks.envs import ensure_env
@@ -336,8 +329,8 @@ async def measure(task, log=print) -> tuple[list[str], list[str], list[str]]:
             await ensure_env(sbx, probe)
             await sbx.write_file("/tmp/grading/model.patch", patch.encode())
             await sbx.write_file("/tmp/grading/test.patch", task.test_patch.encode())
-            await sbx.write_file(f"{guard.dir}/{GUARD_MODULE}.py", guard_plugin_source())
-            await sbx.write_file(f"{guard.dir}/key", guard.key, 0o600)
+            await sbx.exec(f"mkdir -p {TESTS_DIR}", timeout=60)
+            await guard.install(sbx)
             await sbx.write_file("/tmp/grading/eval.sh", eval_script(probe, bool(patch), guard).encode(), 0o700)
             res = await sbx.exec("bash /tmp/grading/eval.sh", timeout=900)
             try:
