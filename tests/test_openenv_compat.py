@@ -194,8 +194,9 @@ def test_bare_jsonrpc_session_flow(base):
 
 def test_bare_jsonrpc_malformed_requests_get_openenv_errors(base):
     r = httpx.post(f"{base}/mcp", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 200
-    assert r.json() == {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error", "data": None}}
+    assert r.status_code == 400  # a body nothing can parse: a 4xx with a one-line reason (issue 43)
+    assert r.json()["id"] is None and r.json()["error"]["code"] == -32700
+    assert r.json()["error"]["message"] == "Parse error: invalid JSON at line 1 column 2"
     for body in ({}, {"jsonrpc": "2.0", "method": "tools/list", "params": [], "id": 1}):
         r = httpx.post(f"{base}/mcp", json=body)  # `openenv validate` posts {} and expects JSON-RPC back
         assert r.status_code == 200 and r.json()["jsonrpc"] == "2.0" and r.json()["error"]["code"] == -32600
