@@ -404,7 +404,7 @@ def test_live_update_sends_what_changed_not_the_history(served):
         assert stream.quiet(2.5) == []  # nothing changed: the watcher's 1 s tick sends nothing
 
         # paging while it runs: the watcher draws the earlier page (it is the one writer of the panel's outputs)
-        stream.join(fn_index(served.url, "earlier_1"), [])
+        stream.join(fn_index(served.url, "earlier_1"), ["", ""])  # the two token boxes (empty: an open server)
         size, msg = stream.next(watch)
         assert 'data-page=\\"6\\"' in json.dumps(msg), msg
         served.on_loop(_land, rec, turns[-1].model_copy(update={"index": CALLS}))  # off this page: no page output
