@@ -6,8 +6,8 @@ in the agent's process tree opened a connection or looked up a name other than t
 
 Which processes are the agent's: those started (directly or below) by a command that names the agent's bundle (at
 /opt/swe-gym-agent in `local` / `docker`, the bundle's host directory under `landlock`). What counts as an outbound
-attempt from them: a connection or datagram to any address but 127.0.0.1 (the relay / capture port), anything to
-port 53, and any unix socket but the capture's (systemd-resolved, D-Bus, ...). Netlink (the interface list Node and
+attempt from them: a connection or datagram to anything but the relay (127.0.0.1, its port), so anything to
+port 53 too, and any unix socket but the capture's (systemd-resolved, D-Bus, ...). Netlink (the interface list Node and
 Bun read at start) is not a network peer, nor nscd's socket (glibc asks it for user names too; a host name it cannot
 answer goes on to port 53). The watcher is itself tested on a process that does look up a name."""
 
@@ -25,6 +25,7 @@ from conftest import require
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
+from swe_gym_env.server.sandbox.base import RELAY_PORT
 
 FIVE = ["kilocode", "qwen-code"]  # the harnesses of issue 42 landed so far
 TRACED = "connect,sendto,sendmsg,process"
@@ -47,9 +48,12 @@ def strace_argv(out: Path) -> list[str]:
     return [*argv, "-e", "signal=none", "-o", str(out)]
 
 
-def agent_network(trace: str, mark: re.Pattern[str] = AGENT_MARK) -> tuple[list[str], list[str]]:
+def agent_network(
+    trace: str, mark: re.Pattern[str] = AGENT_MARK, ports: frozenset[int] = frozenset({RELAY_PORT})
+) -> tuple[list[str], list[str]]:
     """(every network syscall with a destination made by the agent's process tree, those that are outbound
-    attempts). The tree: processes whose execve matches ``mark``, and every process or thread they started."""
+    attempts: to anything but 127.0.0.1 on ``ports``, the relay's). The tree: processes whose execve matches ``mark``,
+    and every process or thread they started."""
     parent: dict[int, int] = {}
     roots: set[int] = set()
     calls: list[tuple[int, str]] = []
@@ -83,7 +87,7 @@ def agent_network(trace: str, mark: re.Pattern[str] = AGENT_MARK) -> tuple[list[
             continue
         inet, unix = _INET.search(line), _UNIX.search(line)
         if inet:
-            if inet.group(2) != "127.0.0.1" or inet.group(1) == "53":
+            if inet.group(2) != "127.0.0.1" or int(inet.group(1)) not in ports:
                 bad.append(line)
         elif not (unix and (unix.group(1).endswith(CAPTURE_SOCKET) or unix.group(1) == NSCD)):
             bad.append(line)
