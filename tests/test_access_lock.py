@@ -128,11 +128,14 @@ def test_a_real_server_on_all_interfaces_with_no_secret_refuses_and_says_which_s
 
         async def run():
             async with Client(StreamableHttpTransport(f"http://127.0.0.1:{port}/mcp")) as c:
-                return (await c.call_tool("run_rollout", {"engine": "nope"})).structured_content
+                started = (await c.call_tool("run_rollout", {"engine": "nope"})).structured_content
+                cancelled = await c.call_tool("cancel_rollout", {"rollout_id": "x"}, raise_on_error=False)
+                return started, cancelled
 
-        res = asyncio.run(run())
+        res, cancelled = asyncio.run(run())
         assert res["ok"] is False and res["error"].startswith("this server is locked"), res
         assert security.ACCESS_ENV in res["error"]
+        assert cancelled.is_error and cancelled.content[0].text == res["error"]  # the lock notice, not "token required"
     finally:
         procs.stop(proc)
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
 
 from swe_gym_env import procs
 from swe_gym_env.procs import free_port
@@ -311,6 +313,33 @@ def test_connections_over_the_cap_get_503(guarded):
     time.sleep(0.5)
     assert httpx.get(f"{s.base}/health").status_code == 200  # below the cap again
     assert "too many open connections" in s.logged()
+
+
+# -- logging ----------------------------------------------------------------------------------------------------------
+async def test_each_refused_request_logs_one_line(guarded):
+    s = guarded
+    before = s.logged().splitlines()
+    async with Client(StreamableHttpTransport(f"{s.base}/mcp")) as c:
+        with pytest.raises(Exception, match="access token required"):
+            await c.read_resource_mcp(f"swe-gym://rollouts/{s.rid}/result")
+        for name, args in (("list_rollouts", {}), ("get_rollout", {"rollout_id": s.rid}), ("cancel_rollout", {})):
+            res = await c.call_tool(
+                name, {"rollout_id": s.rid, **args} if name != "list_rollouts" else args, raise_on_error=False
+            )
+            assert res.is_error and "access token required" in res.content[0].text, (name, res)
+    async with httpx.AsyncClient(base_url=s.base) as http:
+        assert (await http.get(f"/rollouts/{s.rid}")).status_code == 401
+    await asyncio.sleep(0.5)
+    new = s.logged().splitlines()[len(before) :]
+    assert len(new) == 5 and all(line.startswith("refused ") for line in new), new
+    assert [line.split(":")[0].split(" from ")[0] for line in new] == [
+        "refused resources/read",
+        "refused list_rollouts",
+        "refused get_rollout",
+        "refused cancel_rollout",
+        f"refused GET /rollouts/{s.rid}",
+    ]
+    assert TOKEN not in s.logged()
 
 
 # -- the UI's paging --------------------------------------------------------------------------------------------------
