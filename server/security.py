@@ -419,17 +419,16 @@ class BodyError(ValueError):
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _JSON_STRING_B = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NESTING = [{ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}.get(b, 0) for b in range(256)]
 
 
-def _depth(data: str | bytes) -> int:
-    """The deepest nesting of arrays and objects in well-formed JSON text (strings taken out first)."""
-    if isinstance(data, str):
-        bare = _JSON_STRING.sub("", data).encode()
-    else:
-        bare = _JSON_STRING_B.sub(b"", data)
-    brackets = bare.translate(None, bytes(b for b in range(256) if b not in _NESTING))
-    return max(accumulate(_NESTING[b] for b in brackets), default=0)
+def _deeper_than(data: str | bytes, limit: int) -> bool:
+    """Whether well-formed JSON text nests arrays and objects deeper than ``limit``: its strings taken out, only its
+    brackets kept, then the running depth's maximum (at C speed: a tenth of what parsing the same text costs)."""
+    bare = _JSON_STRING.sub("", data).encode() if isinstance(data, str) else _JSON_STRING_B.sub(b"", data)
+    brackets = bare.translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_NESTING.__getitem__, brackets)), default=0) > limit
 
 
 def parse_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -447,7 +446,7 @@ def parse_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except ValueError:
         raise BodyError("invalid JSON") from None
     opened = data.count("[") + data.count("{") if isinstance(data, str) else data.count(b"[") + data.count(b"{")
-    if opened > max_depth and _depth(data) > max_depth:  # well-formed, so every string is closed: linear
+    if opened > max_depth and _deeper_than(data, max_depth):  # well-formed, so every string is closed: linear
         raise BodyError(too_deep)
     return obj
 

@@ -382,3 +382,27 @@ def test_ui_paging_shows_nothing_without_the_token(guarded):
     wrong = gradio_call(s, "go_to_1", [1, "not-the-token", "nor-this"], viewer)
     assert s.marker not in wrong
     assert "refused UI paging" in s.logged()
+
+
+# -- the parser every surface uses ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("[" * 128 + "]" * 128, None),
+        ('{"a":' * 128 + "1" + "}" * 128, None),
+        ('["' + "[" * 500 + '", {"k": "{{{{"}]', None),  # brackets inside strings do not nest
+        ("[" * 129 + "]" * 129, "JSON nested deeper than 128 levels"),
+        (b"[" * 50_000 + b"]" * 50_000, "JSON nested deeper than 128 levels"),
+        ("{nope", "invalid JSON at line 1 column 2"),
+        (b"\xff\xfe{}", "body is not UTF-8 text"),
+    ],
+)
+def test_parse_json_refuses_in_one_line(body, why):
+    from swe_gym_env.server.security import BodyError, parse_json
+
+    if why is None:
+        assert parse_json(body) is not None
+    else:
+        with pytest.raises(BodyError) as e:
+            parse_json(body)
+        assert str(e.value) == why
