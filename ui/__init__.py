@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 PATH = "/web"
 FILES_OFF = "this UI takes no files: Gradio's upload and file routes are off"
 _FILE_ROUTES = re.compile(
-    r"^/(?:gradio_api/)?(?:upload|upload_progress|process_recording|file=|file/|proxy=|stream/|vibe-|undo-vibe)"
+    r"^/+(?:gradio_api/+)?(?:upload|upload_progress|process_recording|file=|file/|proxy=|stream/|vibe-|undo-vibe)"
 )
 
 
