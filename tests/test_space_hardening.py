@@ -207,6 +207,13 @@ async def test_strangers_at_the_cap_never_lock_out_a_token_holder(public):
     assert "session_id" in create_session(s, AUTH)["result"]
     await asyncio.sleep(UNUSED_IDLE_S + 1)  # the strangers' sessions never did anything: gone
     assert "result" in create_session(s, {})
+    # a websocket that asked for something is past the short timeout, however long it then stays silent
+    async with websockets.connect(f"ws://127.0.0.1:{s.port}/ws", additional_headers=AUTH) as ws:
+        await ws.send(json.dumps({"type": "state"}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "state"
+        await asyncio.sleep(UNUSED_IDLE_S + 1.5)
+        await ws.send(json.dumps({"type": "reset", "data": {}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "observation"
     # a stranger's websocket that never sends anything is closed after the same short timeout
     async with websockets.connect(f"ws://127.0.0.1:{s.port}/ws") as ws:
         t0 = time.monotonic()

@@ -198,6 +198,7 @@ async def serve_ws(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 continue
             if isinstance(msg, WSCloseMessage):
                 break
+            session.used = True  # it asked for something: the long idle timeout from now on (and no wait limit)
             if len(sock.tasks) + ordered.qsize() > MAX_IN_FLIGHT_PER_SOCKET:
                 await sock.send(
                     ws_error(
@@ -262,7 +263,7 @@ async def serve_ws_mcp(compat: OpenEnvCompat, websocket: WebSocket) -> None:
                 await sock.send(reply)
 
         while True:
-            raw = await _receive_text(websocket, None if session.used or sock.tasks else compat.sessions.unused_idle_s)
+            raw = await _receive_text(websocket, None if session.used else compat.sessions.unused_idle_s)
             if raw is None:
                 break
             if len(raw) > MAX_WS_MESSAGE:
@@ -270,6 +271,7 @@ async def serve_ws_mcp(compat: OpenEnvCompat, websocket: WebSocket) -> None:
             elif len(sock.tasks) > MAX_IN_FLIGHT_PER_SOCKET:
                 await sock.send(rpc_error(None, SERVER_ERROR, "too many requests in flight on this connection"))
             else:
+                session.used = True  # it asked for something: the long idle timeout from now on (and no wait limit)
                 sock.spawn(handle(raw))
     except WebSocketDisconnect:
         pass
