@@ -36,6 +36,9 @@ HARNESSES: dict[str, Plugin] = {
     ),
     "kilocode": Plugin("swe_gym_env.server.agents.kilocode:KiloCodeHarness", "swe-gym-env setup --harness kilocode"),
     "qwen-code": Plugin("swe_gym_env.server.agents.qwen_code:QwenCodeHarness", "swe-gym-env setup --harness qwen-code"),
+    "mistral-vibe": Plugin(
+        "swe_gym_env.server.agents.mistral_vibe:MistralVibeHarness", "swe-gym-env setup --harness mistral-vibe"
+    ),
 }
 
 SANDBOXES: dict[str, Plugin] = {

@@ -27,7 +27,7 @@ from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.sandbox.base import RELAY_PORT
 
-FIVE = ["kilocode", "qwen-code"]  # the harnesses of issue 42 landed so far
+FIVE = ["kilocode", "qwen-code", "mistral-vibe"]  # the harnesses of issue 42 landed so far
 TRACED = "connect,sendto,sendmsg,process"
 _LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
 # a clone's return: the child's pid, as strace's own namespace numbers it where the caller is in another
@@ -154,7 +154,7 @@ CFG = AgentConfig(base_url="http://127.0.0.1:9/capture", model="Qwen/Qwen3-8B", 
 
 def secret_only_in_the_env_file(files: dict[str, tuple[bytes, int]], command: str) -> None:
     assert [p for p, (data, _) in files.items() if b"sgk-secret" in data] == ["/home/agent/.capture.env"]
-    assert all(mode == 0o600 for _, mode in files.values())
+    assert all(mode in (0o600, 0o700) for _, mode in files.values())  # private; 0700: a script it runs
     assert "sgk-secret" not in command and "fix it" not in command
 
 
@@ -203,3 +203,34 @@ def test_qwen_code_settings_switch_off_every_helper_call_and_outside_traffic():
         65536,
         131072,
     ]
+
+
+def test_mistral_vibe_config_turns_off_every_call_of_its_own_and_never_trusts_the_repo():
+    import tomllib
+
+    h = get_harness("mistral-vibe")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    conf = tomllib.loads(files["/home/agent/.vibe-home/config.toml"][0].decode())
+    for key in ("enable_telemetry", "enable_otel", "enable_update_checks", "enable_auto_update", "enable_mcp"):
+        assert conf[key] is False, key
+    assert conf["experiments"] == {"enable": False} and conf["session_logging"] == {"generate_titles": False}
+    assert conf["providers"] == [
+        {
+            "name": "capture",
+            "api_base": "http://127.0.0.1:9/capture/v1",
+            "api_key_env_var": "SWE_GYM_CAPTURE_KEY",
+            "backend": "generic",
+        }
+    ]
+    assert conf["models"][0]["max_context_length"] == 32768 and conf["active_model"] == "capture"
+    server, mode = files["/home/agent/vibe-app-server"]
+    assert mode == 0o700 and b"/opt/swe-gym-agent/python/lib/ld-linux-x86-64.so.2 " in server
+    # vibe-rs on the bundle's own loader; the repo never trusted (its .vibe/config.toml unread); the image's VIBE_*
+    # variables unset before ours are exported
+    run = next(line for line in cmd.splitlines() if "vibe-rs" in line)
+    assert run.startswith("/opt/swe-gym-agent/python/lib/ld-linux-x86-64.so.2 --library-path ")
+    assert "--trust" not in run and "--auto-approve" in run and "--prompt-file /home/agent/prompt.txt" in run
+    assert cmd.index('unset "$v"') < cmd.index("export VIBE_HOME=")
+    assert "PYTHON_KEYRING_BACKEND=keyring.backends.null.Keyring" in cmd

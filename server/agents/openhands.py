@@ -39,7 +39,6 @@ one `llm_response_id`: the ActionEvents that share it (parallel tool calls, in o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
@@ -51,8 +50,7 @@ from swe_gym_env.server.agents.base import (
     jsonl_objects,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import bundles_dir
-from swe_gym_env.server.agents.pyagent import AUDIT, PythonAgent
+from swe_gym_env.server.agents.pyagent import AUDIT, DebianPythonAgent
 
 RUNTIME = pyruntime.TRIXIE_PYTHON
 PY = RUNTIME.version
@@ -169,7 +167,7 @@ QUIET = {  # what the SDK and litellm honour: no banner, no fetch, no telemetry
 UNSET = ("LMNR_PROJECT_API_KEY", "OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-class OpenHandsHarness(PythonAgent):
+class OpenHandsHarness(DebianPythonAgent):
     name: ClassVar[str] = "openhands"
     version: ClassVar[str] = "1.34.0"  # openhands-sdk / openhands-tools, as openhands-ai 1.11.0 pins them
     dialect: ClassVar[str] = "openai-chat"
@@ -178,7 +176,6 @@ class OpenHandsHarness(PythonAgent):
     # under 16,384 tokens (LLMContextWindowTooSmallError, unless ALLOW_SHORT_CONTEXT_WINDOWS): that is the floor
     min_context_tokens: ClassVar[int] = 16384
     package: ClassVar[str] = "openhands-sdk"  # from PyPI, by the bundle's own pip
-    python_runtime: ClassVar[str | None] = "debian"
     needs_pty: ClassVar[bool] = True  # its terminal: `bash -i` on a pty (subprocess backend); landlock: given pairs
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = ()
     bundle_inputs: ClassVar[tuple[str, ...]] = (*RUNTIME.recipe(), *PINS)
@@ -186,32 +183,9 @@ class OpenHandsHarness(PythonAgent):
     events_path = EVENTS
     log_path = LOG
     launcher, launch_path, config_path, net_path, unset = LAUNCHER, LAUNCH, CONFIG, NET, UNSET
-    python_version: ClassVar[str] = PY
+    pins: ClassVar[tuple[str, ...]] = PINS
+    imports: ClassVar[str] = "ssl, sqlite3, ctypes, pydantic_core, litellm, openhands.sdk, openhands.tools.terminal"
     quiet: ClassVar[dict[str, str]] = {**QUIET, "INPUTRC": INPUTRC}  # bash: no bracketed paste in its output
-
-    def ensure_installed(self, log=print) -> Path:
-        root = self.install_dir()
-        done = root / ".installed"
-        if done.is_file() and done.read_text() == "\n".join(self.bundle_inputs):
-            return root
-        root.mkdir(parents=True, exist_ok=True)
-        done.unlink(missing_ok=True)
-        downloads = bundles_dir() / ".downloads"
-        pyruntime.build_debian_runtime(root, RUNTIME, downloads / "debian", log)
-        log(f"pip install {len(PINS)} pinned packages (openhands-sdk=={self.version}) into its bundle")
-        pyruntime.pip_install(root, PINS, downloads / "pip", log, PY)
-        lister = pyruntime.debian_lister(root / pyruntime.RUNTIME, RUNTIME, downloads / "debian")
-        n = pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE, version=PY, lister=lister)
-        log(f"agent runtime: {n} libraries")
-        pyruntime.compile_all(root, PY)
-        imports = "ssl, sqlite3, ctypes, pydantic_core, litellm, openhands.sdk, openhands.tools.terminal"
-        log(f"agent runtime: {pyruntime.self_test(root, imports, PY)}")
-        done.write_text("\n".join(self.bundle_inputs))
-        return root
-
-    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        root = self.finished_install()
-        return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, pyruntime.SITE: root / pyruntime.SITE}
 
     def config(self, cfg: AgentConfig, prompt: str) -> dict:
         return {

@@ -1,8 +1,8 @@
-"""What the Python agents (mini-swe-agent, OpenHands) share: a launcher script of ours run by the bundle's own
-Python (`pyruntime`), which logs every socket the agent's Python opens (`AUDIT`, read back by the network tests), the
-agent's config as a 0600 file, the session key in a 0600 env file sourced by the command (never argv), and the
-variables that keep the agent and litellm offline (`quiet`) exported, those that would turn telemetry on (`unset`)
-removed."""
+"""What the Python agents (mini-swe-agent, OpenHands, Kimi CLI, Mistral Vibe) share: a launcher script of ours run by
+the bundle's own Python (`pyruntime`), which logs every socket the agent's Python opens (`AUDIT`, read back by the
+network tests), the agent's config as a 0600 file, the session key in a 0600 env file sourced by the command (never
+argv), and the variables that keep the agent and litellm offline (`quiet`) exported, those that would turn telemetry
+on (`unset`) removed. The ones that need Python >= 3.12 share the Debian runtime's install (`DebianPythonAgent`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AGENT_HOME, BUNDLE_MOUNT, AgentConfig, AgentError
-from swe_gym_env.server.agents.bundle import BundledHarness
+from swe_gym_env.server.agents.bundle import BundledHarness, bundles_dir
 
 KEY_FILE = f"{AGENT_HOME}/.capture.env"
 # the launcher's first lines: every connect / name lookup / datagram of the agent's Python, one JSON line each, to
@@ -72,13 +72,60 @@ class PythonAgent(BundledHarness):
             KEY_FILE: (f"{self.key_env}={shlex.quote(key)}\n".encode(), 0o600),
         }
 
-    def command(self, cfg: AgentConfig) -> str:
+    def environment(self) -> str:
+        """The shell lines before the agent starts: the key sourced, what would turn telemetry on unset, what keeps it
+        offline exported, its socket log named."""
         quiet = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.quiet.items())
         unset = f"unset {' '.join(self.unset)}\n" if self.unset else ""
         return (
             f"set -a; . {KEY_FILE}; set +a\n{unset}"
             f"export {quiet} SWE_GYM_NET_LOG={self.net_path} XDG_CONFIG_HOME={AGENT_HOME}/.config "
             f"XDG_CACHE_HOME={AGENT_HOME}/.cache\n"
-            f"{pyruntime.python_command(BUNDLE_MOUNT, self.python_version)} {self.launch_path} {self.launch_args(cfg)} "
-            f"< /dev/null > {self.log_path} 2>&1"
         )
+
+    def command(self, cfg: AgentConfig) -> str:
+        return (
+            self.environment()
+            + f"{pyruntime.python_command(BUNDLE_MOUNT, self.python_version)} {self.launch_path} "
+            + f"{self.launch_args(cfg)} < /dev/null > {self.log_path} 2>&1"
+        )
+
+
+class DebianPythonAgent(PythonAgent):
+    """A Python agent that needs a newer Python than the host's (OpenHands, Kimi CLI, Mistral Vibe: >= 3.12): Debian
+    trixie's CPython 3.13 with trixie's own loader and C library (`pyruntime.TRIXIE_PYTHON`), its packages (`pins`, a
+    full list: no resolution at install time) by that runtime's pip, every module compiled, its libraries shipped;
+    `imports` is what its self-test imports after the build. A subclass sets `bundle_inputs` to
+    `(*RUNTIME.recipe(), *pins)` (plus whatever else its install is built from)."""
+
+    python_runtime: ClassVar[str | None] = "debian"
+    python_version: ClassVar[str] = pyruntime.TRIXIE_PYTHON.version
+    pins: ClassVar[tuple[str, ...]]
+    imports: ClassVar[str]
+
+    def prepare_site(self, root: Path, log=print) -> None:
+        """After the pinned install: what else its site needs (nothing by default)."""
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        done = root / ".installed"
+        if done.is_file() and done.read_text() == "\n".join(self.bundle_inputs):
+            return root
+        root.mkdir(parents=True, exist_ok=True)
+        done.unlink(missing_ok=True)
+        downloads, runtime, py = bundles_dir() / ".downloads", pyruntime.TRIXIE_PYTHON, self.python_version
+        pyruntime.build_debian_runtime(root, runtime, downloads / "debian", log)
+        log(f"pip install {len(self.pins)} pinned packages ({self.package}=={self.version}) into its bundle")
+        pyruntime.pip_install(root, self.pins, downloads / "pip", log, py)
+        self.prepare_site(root, log)
+        lister = pyruntime.debian_lister(root / pyruntime.RUNTIME, runtime, downloads / "debian")
+        n = pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE, version=py, lister=lister)
+        log(f"agent runtime: {n} libraries")
+        pyruntime.compile_all(root, py)
+        log(f"agent runtime: {pyruntime.self_test(root, self.imports, py)}")
+        done.write_text("\n".join(self.bundle_inputs))
+        return root
+
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        root = self.finished_install()
+        return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, pyruntime.SITE: root / pyruntime.SITE}
