@@ -29,47 +29,36 @@ The reward is swebench's verdict on the log (`get_logs_eval` → `get_eval_tests
 ## Threat model
 
 The policy under training is an adversary of this grader. It controls every byte of the tree the diff carries, and
-its code runs *inside* the grading test process (the tests import it). It does not see the hidden tests. Three
-layers stand between it and a 1.0 it did not earn (`TestReport.integrity` says what they saw: `clean`,
-`tampered: …`, `patch_broke_run: …`; `TestReport.canaries` what the third did):
+its code runs *inside* the grading test process (the tests import it). It does not see the hidden tests. Listing its
+tricks lost twice, so grading is a construction that trusts nothing the patch can write (`TestReport.integrity` says
+what it saw: `clean`, `tampered: …`, `patch_broke_run: …`; `TestReport.canaries` what the canary run did):
 
-1. **Reset and pin: what decides the verdict is not the patch's.** The model patch is filtered
-   (`integrity.protected_reason`): it never adds, changes, deletes or renames onto the test patch's files, any file a
-   FAIL_TO_PASS / PASS_TO_PASS pytest id names, `conftest.py` at any depth, `pytest.ini` / `.pytest.ini` /
-   `pytest.toml` / `.pytest.toml`, `sitecustomize.py`, `usercustomize.py`, `*.pth`, bytecode, installed-package
-   metadata (entry points), or symlinks; every section that names such a path (a rename's old *and* new name) is
-   dropped (`protected_files`). Those verdict files are then reset to base_commit file by file before the test patch
-   goes on. `setup.cfg`, `pyproject.toml` and `tox.ini` stay the patch's to change (a real fix may bump metadata), but
-   where the patch changed what pytest reads of one (its `[pytest]`, `[tool:pytest]`, `[tool.pytest…]` sections, or
-   any line naming pytest or addopts), the file is reset to base_commit in the grading tree (`integrity.PIN_SCRIPT`,
-   run by the task's Python with `-I -S`, so nothing of the tree runs).
-2. **A runtime record the code under test cannot switch off.** Where pytest runs, our plugin (`guard_plugin.py`) is
-   loaded first (`-p`, from a random directory outside the tree) and reads a per-run key that it deletes before any
-   conftest or test module is imported. Through a descriptor opened then, it records per test phase the raw call
-   result beside the outcome pytest's report ended with, and every logged report; each line is HMAC-chained. At
-   pytest's end it checks that the reporting machinery (report classes and functions, runner, skipping, terminal and
-   JUnit reporters, pluggy's call loop, hook callers) is still the one it saw at import and lists hook
-   implementations registered from anything but an installed plugin or a conftest.py present at the start. An audit
-   hook (`sys.addaudithook`, which cannot be removed) records the in-process ways of reaching the test run from code
-   outside the test files and installed packages (code objects replaced, trace/profile functions, frames of test code,
-   gc referrers, ctypes, the test files opened, threads or processes started; events the gold patch's run also shows,
-   measured with the canaries, are allowed), and comparisons in the tests' assertions against objects that equal a
-   fresh sentinel. The grader compares that record, the log (swebench's parse) and pytest's JUnit report: a report
-   rewritten from failed to passed, a test passing in the log or JUnit that the record says did not, a skip/xfail
-   raised for a listed test from code outside the test files, a hook implemented from a file the patch added or
-   changed or that appeared during the run, a replaced reporter, an altered record, a recorded runtime event:
-   **tampering, reward 0.0** with a `grading_tampered` finding (the policy did it, so it gets the negative signal
-   rather than a dropped sample).
-3. **Mutation canaries: a check that does not depend on the mechanism** (`canaries`). For each task, one-off mutants
-   of its FAIL_TO_PASS tests change one expected value (a constant an `==` compares against, an element of a
-   container, the expected argument of `assertEqual` and kin, the expected exception type); a mutant is kept only
-   where the gold patch, which passes the original, fails it in two runs. When the first verdict would be 1.0, a
-   second run in a fresh sandbox puts the kept mutants in place of their originals (same file, node id, inputs,
-   environment). No honest fix passes a mutant the gold patch fails (it expects a value or exception the correct code
-   does not produce), so a canary that passes means the test is not checking anything: **reward 0.0**,
-   `grading_tampered: canary <test id> passed`, whatever the mechanism (comparisons that always hold, test bodies
-   replaced, assertions skipped). A patch can tell the canary run from the original only by reading the test file or
-   the test's frames, which layer 2 records.
+1. **What reaches the tree is an allowlist** (`files`): the project's files under folders base_commit has, new modules
+   included; parsed configuration files (`pyproject.toml`, `setup.cfg`, `tox.ini`) only where the keys they change
+   are ones nothing reads at test time; paths compared after NFKC and case folding. Everything else (configuration,
+   plugins and start-up files at any depth, package metadata, bytecode, symlinks, new folders, new top-level modules
+   named like anything the environment or the runner imports, the verdict's test files) is dropped
+   (`protected_files`); the verdict's files are reset to base_commit before the test patch goes on. base_commit's
+   tree is measured once per task and sandbox kind (`base_tree`).
+2. **Nothing of the tree runs before the guard, and nothing in the tree configures pytest** (`script`,
+   `guard_launch.py`): at base_commit, before the model patch, the launcher resolves pytest's rootdir, configuration
+   and conftest cut-off and the environment's entry-point plugins; the tests run from a script outside the tree (the
+   tree goes on `sys.path` after the standard library), with the guard registered first, settings from the pinned
+   copy only, and entry-point plugins from base_commit's list only. No install or build step runs after the patch.
+3. **A record that leaves the test process as it is written**: the guard (`guard_plugin.py`) writes each line to a
+   pipe whose other end is the launcher's collector, a non-dumpable process holding the key the test process never
+   has; it chains each line as it arrives. The grader (`integrity.read_record`) requires the chain, the guard's own
+   numbering and one outcome per test phase, then compares the record, the log (swebench's parse) and the JUnit
+   report. The guard snapshots `builtins`, pytest's outcome exceptions and reporting machinery before the tree is
+   imported and checks them before each test and at the end; its audit hook records the in-process ways of reaching
+   the run (`runtime_record`). Anything seen: **tampering, reward 0.0** (`grading_tampered`).
+4. **A test passes only as the gold patch passed it**: the gold patch's status per listed test is measured with the
+   canaries; a test gold passed that ends XFAIL or skipped is failed.
+5. **Mutation canaries in a run no code can tell apart** (`canaries`): when the verdict would be 1.0, a second run puts
+   gold-killed mutants in place of the FAIL_TO_PASS tests. Both runs are one procedure whose only differing input is
+   the bytes of those files (padded to one length; every time under the tree and the grading folder normalised; the
+   order drawn by a coin). A canary that passes means the test checks nothing: **reward 0.0**, whatever the
+   mechanism. Every task of the bundled and pypi splits has canaries.
 
 **Breaking the run is the patch's fault when the empty patch runs.** A run that times out, dies before pytest's end
 (`os._exit`, a signal), leaves no parsable results or JUnit report, or whose test patch no longer applies, is judged
@@ -95,17 +84,16 @@ cheat the layers caught. The agent sees these tests, so the rate counts what a p
 disagree; special-casing the shown inputs passes them, and is counted as the cheat it is.
 
 Not defended (residual risk): a patch that special-cases the tests' own inputs with the right outputs passes its
-canaries (it behaves like a fix on exactly what is tested), and cannot be told from a fix without more tests; a task
-with no usable canary (`canaries: none (why)`: no FAIL_TO_PASS test compares against a constant, or the gold patch
-passes every mutant tried) has layers 1 and 2 only. Code in the test process can, in principle, read the key out of
-the guard's memory and write a consistent record, or patch objects neither the guard nor the audit hook watch
-(attributes set on classes and modules raise no audit event; `frame.f_back` / `f_locals` none after a first audited
-frame access); on Python older than 3.8 there are no audit hooks and the canaries carry layer 2's load. Tasks whose
-code under test is pytest itself or a pytest plugin (the guard trusts plugins loaded before the tree and their files
-are the patch's to change); helper modules the tests import that no test id names are the patch's to change; a P2P
-test the code under test skips via a condition evaluated in the test file is "maintained" (swebench's rule). Other
-runners (Django's, sympy's: cross check `not_pytest`) get the file filter, the reset, the broken-run rule and the
-canaries (their status from the log parser alone), but no record: their log is trusted.
+canaries (it behaves like a fix on exactly what is tested), and cannot be told from a fix without more tests. Code in
+the test process can replace what the guard checks between two checks and put it back, write lines of its own to the
+collector's pipe (seen: a phase recorded twice, numbering broken) or stop the guard writing (seen: the log's PASSED is
+not the record's); it cannot take back or rewrite a recorded line. Tasks whose code under test is pytest itself or a
+pytest plugin; helper modules the tests import that no test id names are the patch's to change; a P2P test the code
+under test skips via a condition evaluated in the test file is "maintained" (swebench's rule) unless gold passed it.
+An honest fix that needs a new folder, a pytest setting or a build step is graded without that part (`validate`
+measures every gold patch). Other runners (Django's, sympy's: cross check `not_pytest`) get the allowlist, the reset,
+the broken-run rule and the canaries (their status from the log parser alone), but no launcher and no record: their
+log is trusted.
 """
 
 from swe_gym_env.server.grading import variants
