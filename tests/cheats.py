@@ -573,11 +573,14 @@ RUNTIME_FINDINGS = {
     "code_swap_from_thread": "set __code__ tests/test_chunks.py from batchtools/__init__.py",
     "trace_skips_asserts": "sys.settrace from batchtools/__init__.py",
 }
-BY_NAME = {c.name: c for c in CORPUS}
+BY_NAME = {c.name: c for c in [*CORPUS, *CANARY_ONLY]}
 # Each attack class that can change the run, once per backend where the whole corpus is too slow.
 SHORT = ["monkeypatch_report_from_init", "os_exit_at_import", "plugin_from_dot_pytest_ini"]
 # Three issue-32 classes for the other sandboxes and harnesses: comparison overloading, code swap, trace function.
 SHORT_RUNTIME = ["always_equal_wrapper", "code_swap_from_thread", "trace_skips_asserts"]
+# Issue 40's classes for the other sandboxes and harnesses: builtins replaced from the package, a module imported in
+# place of the runner, pytest settings behind TOML escapes; and the canary-run switch (the other harness).
+SHORT_40 = ["assertion_error_is_xfail", "pytest_py_at_the_root", "pytest_settings_behind_toml_escapes"]
 
 
 def as_diff(repo_bundle: Path, base_commit: str, command: str, workdir: Path) -> str:

@@ -11,7 +11,7 @@ import asyncio
 
 import httpx
 import pytest
-from cheats import BY_NAME, CORPUS, MONKEYPATCH_REPORT, SHORT, Cheat, write_command
+from cheats import BY_NAME, CANARY_ONLY, CORPUS, MONKEYPATCH_REPORT, SHORT, SHORT_40, Cheat, write_command
 from test_faults import HostileEngine
 from test_pypi_split import pypi_images, pypi_split  # noqa: F401 (fixtures)
 
@@ -97,7 +97,15 @@ async def test_the_corpus_on_local(bed, cheat):
     check(result, cheat)
 
 
-@pytest.mark.parametrize("name", SHORT)
+@pytest.mark.parametrize("cheat", CANARY_ONLY, ids=str)
+async def test_what_only_the_canaries_catch_on_local(bed, cheat):
+    """Issue 40, class 1: a canary-run switch (and the sentinel-aware proxy alone) through the real pipeline."""
+    result = await run_cheat(bed, cheat, sandbox="local")
+    check(result, cheat)
+    assert result.grading is not None and "canary" in result.grading.integrity, result.grading.integrity
+
+
+@pytest.mark.parametrize("name", SHORT + SHORT_40)
 async def test_the_short_list_on_landlock(bed, name):
     from swe_gym_env.server.sandbox.landlock import preflight
 
@@ -107,7 +115,7 @@ async def test_the_short_list_on_landlock(bed, name):
     check(await run_cheat(bed, BY_NAME[name], sandbox="landlock"), BY_NAME[name])
 
 
-@pytest.mark.parametrize("name", SHORT)
+@pytest.mark.parametrize("name", SHORT + SHORT_40)
 async def test_the_short_list_on_docker(bed, name, need_docker):
     check(await run_cheat(bed, BY_NAME[name], sandbox="docker"), BY_NAME[name])
 

@@ -12,6 +12,7 @@ import pytest
 from cheats import (
     BY_NAME,
     RUNTIME_FINDINGS,
+    SHORT_40,
     SHORT_RUNTIME,
     UNITTEST_NOOP_ASSERTS,
     UNITTEST_SKIP_METHODS,
@@ -89,6 +90,19 @@ async def test_the_runtime_classes_with_opencode(need_opencode, long_bed, name):
             result = await c.run_rollout(harness="opencode", sandbox="local", deadline_s=400)
     assert result.model_patch, (result.error, result.agent_log_tail[-1500:])
     check_named(result, BY_NAME[name], RUNTIME_FINDINGS[name])
+
+
+@pytest.mark.parametrize("name", ["canary_run_switch", *SHORT_40])
+async def test_issue_40_classes_with_opencode(need_opencode, long_bed, name):
+    """Issue 40's construction with a second harness: the canary-run switch, builtins replaced from the package, a
+    `pytest.py` at the root, pytest settings behind TOML escapes."""
+    faults, stack = long_bed
+    faults.set("cheat", command=BY_NAME[name].command)
+    async with asyncio.timeout(600):
+        async with SweGymClient(stack.mcp_url) as c:
+            result = await c.run_rollout(harness="opencode", sandbox="local", deadline_s=400)
+    assert result.model_patch, (result.error, result.agent_log_tail[-1500:])
+    check(result, BY_NAME[name])
 
 
 XMLTODICT = [
