@@ -336,15 +336,17 @@ async def test_each_refused_request_logs_one_line(guarded):
             assert res.is_error and "access token required" in res.content[0].text, (name, res)
     async with httpx.AsyncClient(base_url=s.base) as http:
         assert (await http.get(f"/rollouts/{s.rid}")).status_code == 401
+        assert (await http.post("/capture/sessions", json={}, headers=AUTH)).status_code == 401  # not the admin key
     await asyncio.sleep(0.5)
     new = s.logged().splitlines()[len(before) :]
-    assert len(new) == 5 and all(line.startswith("refused ") for line in new), new
+    assert len(new) == 6 and all(line.startswith("refused ") for line in new), new
     assert [line.split(":")[0].split(" from ")[0] for line in new] == [
         "refused resources/read",
         "refused list_rollouts",
         "refused get_rollout",
         "refused cancel_rollout",
         f"refused GET /rollouts/{s.rid}",
+        "refused POST /capture/sessions",
     ]
     assert TOKEN not in s.logged()
 

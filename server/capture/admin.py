@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
 from swe_gym_env.server.capture.store import CaptureStore
-from swe_gym_env.server.security import admin_ok, bearer, lock_reason
+from swe_gym_env.server.security import admin_ok, bearer, lock_reason, log_refusal
 from swe_gym_env.wire import CaptureSessionCreate
 
 
@@ -66,7 +66,9 @@ class AdminApi:
     def _denied(request: Request) -> JSONResponse | None:
         presented = bearer(request.headers.get("authorization")) or request.headers.get("x-admin-key")
         if not admin_ok(presented):  # a locked server (exposed, no secret) says which secret to set
-            return JSONResponse({"error": lock_reason() or "admin key required"}, 401)
+            why = lock_reason() or "admin key required"
+            log_refusal(f"{request.method} /capture{request.url.path.split('/capture', 1)[-1]}", why, request.client)
+            return JSONResponse({"error": why}, 401)
         return None
 
     async def list_route(self, request: Request) -> Response:
