@@ -14,9 +14,12 @@ Each cut connection logs one line (``server.security.log_refusal``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from swe_gym_env.server.security import log_refusal
@@ -89,5 +92,10 @@ def server_config(app: Any, host: str, port: int, log_level: str = "warning") ->
 
 
 def run(app: Any, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve ``app`` on ``host``:``port`` until interrupted (what `swe-gym-env serve` runs)."""
-    uvicorn.Server(server_config(app, host, port, log_level)).run()
+    """Serve ``app`` on ``host``:``port`` until interrupted (what `swe-gym-env serve` runs); a server that could not
+    start (the port taken, …) exits with uvicorn's startup-failure status, as ``uvicorn.run`` does."""
+    server = uvicorn.Server(server_config(app, host, port, log_level))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
