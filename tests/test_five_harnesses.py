@@ -27,7 +27,7 @@ from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.sandbox.base import RELAY_PORT
 
-FIVE = ["kilocode", "qwen-code", "mistral-vibe"]  # the harnesses of issue 42 landed so far
+FIVE = ["kilocode", "qwen-code", "mistral-vibe", "kimi-cli"]  # the harnesses of issue 42 landed so far
 TRACED = "connect,sendto,sendmsg,process"
 _LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
 # a clone's return: the child's pid, as strace's own namespace numbers it where the caller is in another
@@ -234,3 +234,50 @@ def test_mistral_vibe_config_turns_off_every_call_of_its_own_and_never_trusts_th
     assert "--trust" not in run and "--auto-approve" in run and "--prompt-file /home/agent/prompt.txt" in run
     assert cmd.index('unset "$v"') < cmd.index("export VIBE_HOME=")
     assert "PYTHON_KEYRING_BACKEND=keyring.backends.null.Keyring" in cmd
+
+
+def test_kimi_cli_config_keeps_the_key_in_the_env_and_its_agent_off_the_web():
+    import tomllib
+
+    h = get_harness("kimi-cli")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    conf = tomllib.loads(files["/home/agent/kimi-config.toml"][0].decode())
+    assert conf["telemetry"] is False and conf["default_model"] == "capture"
+    assert (
+        conf["providers"]["capture"]["type"] == "openai_legacy" and "sgk" not in conf["providers"]["capture"]["api_key"]
+    )
+    assert conf["models"]["capture"]["max_context_size"] == 32768
+    assert conf["loop_control"]["reserved_context_size"] == 1000  # not its 50,000: that compacts at once under ~59k
+    env = files["/home/agent/.capture.env"][0].decode()
+    assert "OPENAI_API_KEY=sgk-secret" in env and "OPENAI_BASE_URL=http://127.0.0.1:9/capture/v1" in env
+    agent = files["/home/agent/kimi-agent.yaml"][0].decode()
+    for tool in ("web:SearchWeb", "web:FetchURL", "agent:Agent", "background:TaskList"):
+        assert f"kimi_cli.tools.{tool}" in agent
+    assert "KIMI_DISABLE_TELEMETRY=1" in cmd and "export KIMI_SHARE_DIR=/home/agent/.kimi-share" in cmd
+    assert cmd.index("(KIMI_[A-Za-z0-9_]*") < cmd.index("KIMI_DISABLE_TELEMETRY=1")  # the image's unset, then ours
+
+
+def test_kimi_cli_wire_log_gives_one_step_per_call_and_drops_a_retried_attempts_calls():
+    def line(kind: str, **payload) -> str:
+        return json.dumps({"timestamp": 1.0, "message": {"type": kind, "payload": payload}})
+
+    usage = {"input_other": 10, "output": 7, "input_cache_read": 0, "input_cache_creation": 0}
+    wire = [
+        json.dumps({"type": "metadata", "protocol_version": "1.10"}),
+        line("TurnBegin", user_input="fix it"),
+        line("StepBegin", n=1),
+        line("ToolCall", type="function", id="call_lost"),
+        line("StepRetry"),
+        line("ToolCall", type="function", id="call_1"),
+        line("StatusUpdate", token_usage=usage, message_id="m1"),
+        line("StepBegin", n=2),
+        line("StatusUpdate", token_usage={**usage, "output": 2}, message_id="m2"),
+        line("TurnEnd"),
+    ]
+    out = get_harness("kimi-cli").parse_events("\n".join(wire) + "\n")
+    assert [(s.completion_tokens, s.tool_call_ids) for s in out.steps] == [(7, ("call_1",)), (2, ())]
+    assert out.error_kind is None
+    failed = get_harness("kimi-cli").parse_events(line("StepBegin", n=1) + "\n" + line("StepInterrupted") + "\n")
+    assert failed.error_kind == "agent_crashed" and failed.model_calls == 0

@@ -130,6 +130,7 @@ class MistralVibeHarness(DebianPythonAgent):
     )
     key_env: ClassVar[str] = KEY_ENV
     launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, QUIET
+    unset_prefix: ClassVar[str] = "VIBE_"  # its environment config layer, over ours
     events_path = EVENTS
     log_path = LOG
 
@@ -151,9 +152,7 @@ class MistralVibeHarness(DebianPythonAgent):
         }
 
     def environment(self) -> str:
-        # the image's VIBE_* variables are a config layer of Vibe's own, over ours: none reaches it
-        drop = "for v in $(env | sed -n 's/^\\(VIBE_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
-        return drop + super().environment() + f"export VIBE_HOME={VIBE_HOME} VIBE_APP_SERVER_BIN={SERVER}\n"
+        return super().environment() + f"export VIBE_HOME={VIBE_HOME} VIBE_APP_SERVER_BIN={SERVER}\n"
 
     def command(self, cfg: AgentConfig) -> str:
         py = f"{BUNDLE_MOUNT}/{pyruntime.RUNTIME}"

@@ -47,6 +47,7 @@ class PythonAgent(BundledHarness):
     log_path: str
     quiet: ClassVar[dict[str, str]] = {}
     unset: ClassVar[tuple[str, ...]] = ()
+    unset_prefix: ClassVar[str] = ""  # every variable of the image's environment with this prefix is unset too
 
     def finished_install(self) -> Path:
         """Its install directory, holding a finished install (`ensure_installed` marks it last), else AgentError."""
@@ -77,6 +78,9 @@ class PythonAgent(BundledHarness):
         offline exported, its socket log named."""
         quiet = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.quiet.items())
         unset = f"unset {' '.join(self.unset)}\n" if self.unset else ""
+        if self.unset_prefix:  # the agent's own config layer from the environment: none of the image's reaches it
+            p = self.unset_prefix
+            unset += f"for v in $(env | sed -n 's/^\\({p}[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
         return (
             f"set -a; . {KEY_FILE}; set +a\n{unset}"
             f"export {quiet} SWE_GYM_NET_LOG={self.net_path} XDG_CONFIG_HOME={AGENT_HOME}/.config "
@@ -101,10 +105,8 @@ class DebianPythonAgent(PythonAgent):
     python_runtime: ClassVar[str | None] = "debian"
     python_version: ClassVar[str] = pyruntime.TRIXIE_PYTHON.version
     pins: ClassVar[tuple[str, ...]]
+    sdists: ClassVar[tuple[str, ...]] = ()  # pinned packages the index has no wheel of: built from their sdist
     imports: ClassVar[str]
-
-    def prepare_site(self, root: Path, log=print) -> None:
-        """After the pinned install: what else its site needs (nothing by default)."""
 
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
@@ -116,8 +118,7 @@ class DebianPythonAgent(PythonAgent):
         downloads, runtime, py = bundles_dir() / ".downloads", pyruntime.TRIXIE_PYTHON, self.python_version
         pyruntime.build_debian_runtime(root, runtime, downloads / "debian", log)
         log(f"pip install {len(self.pins)} pinned packages ({self.package}=={self.version}) into its bundle")
-        pyruntime.pip_install(root, self.pins, downloads / "pip", log, py)
-        self.prepare_site(root, log)
+        pyruntime.pip_install(root, self.pins, downloads / "pip", log, py, self.sdists)
         lister = pyruntime.debian_lister(root / pyruntime.RUNTIME, runtime, downloads / "debian")
         n = pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE, version=py, lister=lister)
         log(f"agent runtime: {n} libraries")

@@ -228,11 +228,34 @@ def fetch_pip(downloads: Path, log=print) -> Path:
     return wheel
 
 
-def pip_install(dest: Path, pins: tuple[str, ...], downloads: Path, log=print, version: str = VERSION) -> None:
-    """The pinned packages (a full list: no resolution) into ``dest/site`` by the runtime's own pip."""
+def sdist_wheels(pins: tuple[str, ...], sdists: tuple[str, ...], downloads: Path, log=print) -> Path | None:
+    """Wheels of the pinned ``sdists`` (pure-Python packages the index has no wheel of), built once by this host's
+    pip from their sdist into ``downloads/wheels`` (the agent runtime cannot run a build: its bare interpreter needs
+    its own loader); the directory, None when there are none."""
+    if not sdists:
+        return None
+    out = downloads / "wheels"
+    out.mkdir(parents=True, exist_ok=True)
+    for pin in (p for p in pins if p.split("==")[0].lower() in {s.lower() for s in sdists}):
+        name, version = pin.split("==")
+        if any(out.glob(f"{name.replace('-', '_')}-{version}-py3-none-any.whl")):
+            continue
+        log(f"building a wheel of {pin} from its sdist")
+        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary", name, "-w", str(out), pin]
+        _run([*argv, "-q", "--disable-pip-version-check"], f"`pip wheel {pin}`")
+    return out
+
+
+def pip_install(
+    dest: Path, pins: tuple[str, ...], downloads: Path, log=print, version: str = VERSION, sdists: tuple[str, ...] = ()
+) -> None:
+    """The pinned packages (a full list: no resolution) into ``dest/site`` by the runtime's own pip, binary wheels only
+    (the ``sdists``: from wheels built here, `sdist_wheels`)."""
     wheel = fetch_pip(downloads, log)
+    built = sdist_wheels(pins, sdists, downloads, log)
+    links = ["--find-links", str(built)] if built else []
     argv = [*python_command(str(dest), version).split(), f"{wheel}/pip", "install", "--target", str(dest / SITE)]
-    argv += ["--no-deps", "--only-binary", ":all:", "--no-compile", "--disable-pip-version-check", "--no-input"]
+    argv += ["--no-deps", "--only-binary", ":all:", *links, "--no-compile", "--disable-pip-version-check", "--no-input"]
     _run([*argv, "-q", *pins], f"`pip install --target {dest / SITE}` ({len(pins)} pinned packages)", 1800)
     shutil.rmtree(dest / SITE / "bin", ignore_errors=True)  # console scripts: their shebangs name this host's paths
 

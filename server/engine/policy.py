@@ -300,6 +300,7 @@ SHELL_TOOLS = (
     ("Bash", "command"),
     ("run_shell_command", "command"),
     ("terminal", "command"),  # OpenHands' terminal tool
+    ("Shell", "command"),  # Kimi CLI
 )
 
 
