@@ -230,7 +230,7 @@ FAMILIES: dict[str, str] = {family_name(b): b for b in SANDBOXES}
 # import this module).
 INTERNAL: dict[str, str] = {
     "SWE_GYM_CAPTURE_KEY": "an agent's per-rollout capture key, in its sandbox (the agent's API key)",
-    "SWE_GYM_GUARD": "the grading guard plugin's directory (record key and channel), in the grading sandbox",
+    "SWE_GYM_GUARD_FD": "the grading guard's record channel (a pipe to its collector), in the grading sandbox",
     "SWE_GYM_PTYS": "pre-opened pty pairs the landlock launcher hands to OpenHands",
     "SWE_GYM_NET_LOG": "the file a Python agent's network log goes to, in its sandbox",
     "SWE_GYM_TASK_ENV": "a task's venv, in the activation script of `local` task environments",

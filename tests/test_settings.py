@@ -153,7 +153,7 @@ def test_sizes_parse_as_the_retention_code_reads_them(value, unit):
 
 def test_unknown_names_warn_with_the_closest_setting():
     warnings = S.unknown_warnings(
-        {"SWE_GYM_MAX_ROLOUTS": "4", "SWE_GYM_MAX_ROLLOUTS_HFPOOL": "2", "SWE_GYM_GUARD": "/x", "SWE_GYM_UI": "0"}
+        {"SWE_GYM_MAX_ROLOUTS": "4", "SWE_GYM_MAX_ROLLOUTS_HFPOOL": "2", "SWE_GYM_GUARD_FD": "5", "SWE_GYM_UI": "0"}
     )
     assert len(warnings) == 2, warnings
     assert "SWE_GYM_MAX_ROLOUTS" in warnings[1] and warnings[1].endswith("did you mean SWE_GYM_MAX_ROLLOUTS?")

@@ -289,7 +289,7 @@ _BASE_SCRIPT = r"""
 import json, os, pkgutil, subprocess, sys
 out = subprocess.check_output(["git", "ls-tree", "-r", "-z", "--name-only", sys.argv[1]])
 files = [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
-here = os.path.dirname(os.path.abspath(__file__))
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
 names = set(sys.builtin_module_names)
 names.update(m[1] for m in pkgutil.iter_modules([p for p in sys.path if os.path.abspath(p or ".") != here]))
 configs = {}

@@ -114,7 +114,7 @@ def _entry_points():
                 out.append([ep.name, module.strip(), attr.strip()])
         return out
     try:
-        import pkg_resources
+        import pkg_resources  # type: ignore[import-not-found]  # Python < 3.8 only
     except ImportError:
         return out
     for ep in pkg_resources.iter_entry_points("pytest11"):
@@ -205,8 +205,8 @@ def run(guard, mode, args):
     env["SWE_GYM_GUARD_FD"] = str(w)
     env.pop("PYTEST_PLUGINS", None)
     env.pop("PYTEST_ADDOPTS", None)
-    flags = subprocess._args_from_interpreter_flags()
-    argv = [sys.executable] + flags + [os.path.abspath(__file__), "child", guard, mode, "--"] + list(args)
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # the interpreter's own flags
+    argv = [sys.executable] + flags + [os.path.abspath(sys.argv[0]), "child", guard, mode, "--"] + list(args)
     child = subprocess.Popen(argv, pass_fds=(w,), env=env)
     os.close(w)
     done = threading.Event()
@@ -285,8 +285,8 @@ def _pin_autoload(plugins):
 
 
 def child(guard, mode, args):
-    here = os.path.dirname(os.path.abspath(__file__))
-    import swe_gym_guard  # noqa: F401  (reads SWE_GYM_GUARD_FD; its audit hook is on from here)
+    here = os.path.dirname(os.path.abspath(sys.argv[0]))  # this script's folder: the guard's
+    import swe_gym_guard  # type: ignore[import-not-found]  # the guard plugin beside this file (SWE_GYM_GUARD_FD)
     import pytest
     import _pytest.config
     import pluggy  # noqa: F401
@@ -298,7 +298,7 @@ def child(guard, mode, args):
     if mode == "module":
         _tree_after_stdlib()
     argv = ["-c", setup["ini"], "--rootdir", setup["rootdir"], "--confcutdir", setup["confcutdir"]] + list(args)
-    sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py") if mode == "module" else "pytest"]
+    sys.argv = [os.path.join(os.path.dirname(pytest.__spec__.origin), "__main__.py") if mode == "module" else "pytest"]
     sys.argv += argv
     # the guard goes in as an object, registered before pytest reads a single option (as -p would, and without
     # pytest's warning that an already imported module cannot be rewritten: an error under filterwarnings=error)

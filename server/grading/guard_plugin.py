@@ -51,7 +51,7 @@ _FD = None
 _raw_fd = os.environ.pop("SWE_GYM_GUARD_FD", "")
 if _raw_fd.isdigit():
     _FD = int(_raw_fd)  # the pipe's write end: the launcher's collector holds the other end (and the key)
-_GUARD_DIR = os.path.dirname(os.path.realpath(__file__))
+_GUARD_DIR = os.path.dirname(os.path.realpath(__spec__.origin)) if __spec__ and __spec__.origin else ""
 _SEQ = [0]
 _PID = os.getpid()
 _CWD = os.path.realpath(os.getcwd())
