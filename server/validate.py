@@ -1,8 +1,9 @@
-"""`swe-gym-env validate`: every task's gold patch must score 1.0 and the empty patch 0.0. Validating a task also
-measures what grading keeps of it on disk (run time, empty-patch baseline, mutation canaries: `grading.store`); each
-line says the task's canaries (`canaries: N held` or `canaries: none (why)`) and the end the coverage of the split.
-Where the task has gold-killed canaries, the gold patch is also graded on its impossible variant (`variants`) and must
-score 0.0 there: `impossible: ok (gold 0.0)`, else the variant is not kept (`impossible: none (why)`)."""
+"""`swe-gym-env validate`: every task's gold patch must score 1.0, clean, with nothing dropped by the file filter, and
+the empty patch 0.0. Validating a task also measures what grading keeps of it on disk (run time, empty-patch
+baseline, base_commit's tree, mutation canaries: `grading.store`); each line says the task's canaries (`canaries: N
+held` or `canaries: none (why)`) and the end the coverage of the split. Where the task has gold-killed canaries, the
+gold patch is also graded on its impossible variant (`variants`) and must score 0.0 there: `impossible: ok (gold
+0.0)`, else the variant is not kept (`impossible: none (why)`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ async def check_task(task: Task, backend: str) -> tuple[str, str]:
         for name, g in (("gold", gold), ("empty", empty))
         if g.report.integrity != "clean"
     ]
+    if gold.dropped_files:  # the allowlist must keep every gold patch whole (grading.files)
+        problems.append(f"the file filter drops part of the gold patch: {gold.dropped_files[:5]}")
     if gold.reward != 1.0:
         problems.append(
             f"gold patch scored {gold.reward} ({gold.report.resolution}; failing F2P "
