@@ -351,3 +351,54 @@ def test_toml_escapes_do_not_hide_pytest_settings(new):
     )
     reason = config_change_reason("pyproject.toml", TOML, "diff --git a/pyproject.toml b/pyproject.toml\n" + body)
     assert reason is not None, new
+
+
+# -- the launcher's command line and a row's own eval script --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cmd", "mode", "args"),
+    [
+        ("pytest -rA -p no:cacheprovider", "script", ["-rA", "-p", "no:cacheprovider"]),
+        ("python -m pytest -rA", "module", ["-rA"]),
+        ("python3.9 -W ignore -m pytest tests", "module", ["tests"]),
+        ("/opt/env/bin/python -m pytest", "module", []),
+        ("PYTHONHASHSEED=0 py.test -x", "script", ["-x"]),
+    ],
+)
+def test_pytest_commands_the_launcher_starts(cmd, mode, args):
+    from swe_gym_env.server.grading import pytest_command
+
+    got = pytest_command(cmd)
+    assert got is not None and got.mode == mode and got.args == args
+
+
+@pytest.mark.parametrize("cmd", ["tox -e py", "./runtests.py --verbosity 2", "bin/test -C", "python setup.py test"])
+def test_other_runners_are_not_pytest(cmd):
+    from swe_gym_env.server.grading import pytest_command
+
+    assert pytest_command(cmd) is None
+
+
+def test_a_rows_eval_script_runs_no_install_after_the_patch_and_pytest_through_the_launcher():
+    from swe_gym_env.server.grading.script import LAUNCHER, guard_row_script
+
+    script = "\n".join(
+        [
+            "cd /testbed",
+            "python -m pip install -e .",
+            "python setup.py develop",
+            "git apply -v - <<'EOF_1'",
+            "diff --git a/tests/t.py b/tests/t.py",
+            "+pip install -e .",
+            "EOF_1",
+            ": '>>>>> Start Test Output'",
+            "pytest -rA tests/t.py",
+            ": '>>>>> End Test Output'",
+        ]
+    )
+    out, first = guard_row_script(script, Guarded.new(junit=True))
+    lines = out.split("\n")
+    assert lines[1].startswith(": ") and "not run after the model patch" in lines[1]
+    assert lines[2].startswith(": ") and "setup.py develop" in lines[2]
+    assert "+pip install -e ." in lines  # inside the heredoc: the test patch's text, untouched
+    assert first is not None and first.args == ["-rA", "tests/t.py"]
+    assert LAUNCHER in lines[8] and " run " in lines[8] and "--junitxml" in lines[8]
