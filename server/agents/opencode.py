@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents.base import (
@@ -23,10 +22,9 @@ from swe_gym_env.server.agents.base import (
     AgentOutcome,
     NpmArtifact,
     jsonl_objects,
-    npm_install,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import RIPGREP, BundledHarness
+from swe_gym_env.server.agents.bundle import RIPGREP, NativeBinaryHarness
 
 PROVIDER = "capture"
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
@@ -48,7 +46,7 @@ SWITCHES = (
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
 
 
-class OpenCodeHarness(BundledHarness):
+class OpenCodeHarness(NativeBinaryHarness):
     """OpenCode, and the base of its forks (Kilo Code: server/agents/kilocode.py), which differ only in what the class
     attributes below name: the binary, its environment's prefix, its config file, where its run keeps its files."""
 
@@ -77,18 +75,6 @@ class OpenCodeHarness(BundledHarness):
     extra_env: ClassVar[dict[str, str]] = {}
     events_path = EVENTS
     log_path = STDERR
-
-    def binary(self, root: Path) -> Path:
-        return root / "node_modules" / self.package / "bin" / self.cli
-
-    def ensure_installed(self, log=print) -> Path:
-        root = self.install_dir()
-        if not self.binary(root).is_file():
-            npm_install(root, f"{self.package}@{self.version}", self.binary(root), log=log)
-        return root
-
-    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        return {f"bin/{self.cli}": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
 
     def config(self, cfg: AgentConfig) -> dict:
         return {

@@ -173,6 +173,11 @@ class OraclePolicy(Policy):
                 Reply(tool_calls=[("edit", {"filePath": f"{workdir}/{p}", "oldString": o, "newString": n})])
                 for p, o, n in hunks
             ]
+        elif {"path", "old_text", "new_text"} <= params.get("editor", set()):  # Cline
+            actions = [
+                Reply(tool_calls=[("editor", {"path": f"{workdir}/{p}", "old_text": o, "new_text": n})])
+                for p, o, n in hunks
+            ]
         elif "input" in params.get("apply_patch", set()):  # codex: apply_patch (a custom tool: one string `input`)
             actions = [Reply(tool_calls=[("apply_patch", {"input": _codex_patch(task.patch, workdir)})])]
         elif {"file_path", "old_string", "new_string"} <= file_edit:  # claude-code Edit, gemini-cli replace

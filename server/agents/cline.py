@@ -1,0 +1,132 @@
+"""Cline's CLI (`cline` on npm), run headless: `cline --json -P openai-compatible -m <model> "<prompt>"`, OpenAI chat.
+
+Only the platform binary is installed (`@cline/cli-linux-x64`: one self-contained Bun executable, what the `cline`
+package's optionalDependency carries; it needs neither the package's web hub nor its plugin bootstrap); its bundle
+holds it and the static ripgrep (`bundle.NativeBinaryHarness`, as OpenCode's).
+
+Configuration, all of it private to the rollout: `--data-dir` holds its `settings/providers.json` (provider
+`openai-compatible`, `baseUrl` the capture's `/v1`, the model, its context window and output limit; no key: that
+provider reads `OPENAI_API_KEY`, sourced from the 0600 env file, never argv or a file of its own), `--config` a config
+directory of ours (no `~/.cline` hooks, skills, MCP servers or plugins), and `CLINE_GLOBAL_SETTINGS_PATH` our global
+settings; the image's `CLINE_*` variables are unset. Offline and hermetic (traced
+against a stub): its OpenTelemetry export to its own host (which it looks up on every run) is off only with
+`telemetryOptOut` in the global settings; its PostHog feature flags (another lookup, on a fresh data dir) only with
+`IS_TEST=true`, which in this version does nothing else (it swaps the flags client for a no-op one and lets a test
+helper set flags); auto-update off; the tools a sandboxed one-shot run cannot use, or that are model calls of their
+own, disabled (`disabledTools`: web fetch, questions to a user, sub-agents and its agent-team tools). The prompt is its
+argument (`$(cat prompt.txt)`: its `--json` mode takes no prompt from a redirected stdin).
+
+Its record is its session's message file (`<data-dir>/sessions/<id>/<id>.messages.json`: each assistant message with
+its `tool_use` ids and `metrics.outputTokens`), copied to a fixed path while it runs and followed by its `--json`
+output, whose `error` events and `run_result` say whether the run failed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import ClassVar
+
+from swe_gym_env.server.agents.base import (
+    AGENT_HOME,
+    BUNDLE_MOUNT,
+    AgentConfig,
+    AgentOutcome,
+    NpmArtifact,
+    jsonl_objects,
+    run_and_collect,
+    settle_errors,
+)
+from swe_gym_env.server.agents.bundle import RIPGREP, NativeBinaryHarness
+
+HOME = f"{AGENT_HOME}/.cline-run"
+DATA = f"{HOME}/data"
+SETTINGS = f"{HOME}/global-settings.json"
+PROMPT = f"{AGENT_HOME}/prompt.txt"
+EVENTS = f"{AGENT_HOME}/cline-events.jsonl"
+STDOUT = f"{AGENT_HOME}/cline-stream.jsonl"
+STDERR = f"{AGENT_HOME}/cline-stderr.txt"
+PROVIDER = "openai-compatible"
+UNREACHABLE = ("connect", "econnrefused", "unable to connect", "fetch failed", "timed out", "timeout", "socket")
+TEAM_TOOLS = tuple(
+    f"team_{t}"
+    for t in (
+        "spawn_teammate shutdown_teammate status task run_task cancel_run list_runs await_runs send_message "
+        "broadcast read_mailbox mission_log cleanup create_outcome attach_outcome_fragment review_outcome_fragment "
+        "finalize_outcome list_outcomes"
+    ).split()
+)
+DISABLED = ("fetch_web_content", "ask_question", "spawn_agent", *TEAM_TOOLS)
+
+
+class ClineHarness(NativeBinaryHarness):
+    name: ClassVar[str] = "cline"
+    version: ClassVar[str] = "3.0.65"
+    package: ClassVar[str] = "@cline/cli-linux-x64"
+    cli: ClassVar[str] = "cline"
+    dialect: ClassVar[str] = "openai-chat"
+    # its first prompt measured 2.9k tokens on the demo task (system prompt + the tools it keeps); the rest is room for
+    # its compaction, which keeps a summary and its output limit below the window
+    min_context_tokens: ClassVar[int] = 16384
+    needs_node: ClassVar[bool] = False  # one self-contained Bun executable
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
+    min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T); the bundled rg is static
+    bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/cline --version && ./bin/rg --version >/dev/null"
+    bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/cline"
+    events_path = EVENTS
+    log_path = STDERR
+
+    def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        settings = {
+            "provider": PROVIDER,
+            "model": cfg.model,
+            "baseUrl": f"{cfg.base_url.rstrip('/')}/v1",
+            "contextWindow": int(cfg.context_window),  # else its catalog's default for an unknown model
+            "maxTokens": int(cfg.max_tokens),
+        }
+        # `updatedAt` present, or it rewrites the entry from its defaults (dropping baseUrl)
+        entry = {"settings": settings, "updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"}
+        providers = {"version": 1, "lastUsedProvider": PROVIDER, "modes": {}, "providers": {PROVIDER: entry}}
+        globals_ = {"telemetryOptOut": True, "autoUpdateEnabled": False, "disabledTools": list(DISABLED)}
+        return {
+            f"{DATA}/settings/providers.json": (json.dumps(providers, indent=2).encode(), 0o600),
+            SETTINGS: (json.dumps(globals_, indent=2).encode(), 0o600),
+            f"{HOME}/config/.keep": (b"", 0o600),
+            f"{AGENT_HOME}/.capture.env": (f"OPENAI_API_KEY={shlex.quote(key)}\n".encode(), 0o600),
+            PROMPT: (prompt.encode(), 0o600),
+        }
+
+    def command(self, cfg: AgentConfig) -> str:
+        run = (
+            f"{BUNDLE_MOUNT}/bin/cline --json -P {PROVIDER} -m {shlex.quote(cfg.model)} --data-dir {DATA} "
+            f'--config {HOME}/config --hooks-dir {HOME}/config/hooks "$(cat {PROMPT})" '
+            f"< /dev/null > {STDOUT} 2> {STDERR}"
+        )
+        return (
+            "for v in $(env | sed -n 's/^\\(CLINE_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
+            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
+            f"export PATH={BUNDLE_MOUNT}/bin:$PATH CLINE_GLOBAL_SETTINGS_PATH={SETTINGS} IS_TEST=true\n"
+            + run_and_collect(run, f"{DATA}/sessions/*/*.messages.json {STDOUT}", EVENTS)
+        )
+
+    def parse_events(self, text: str) -> AgentOutcome:
+        out = AgentOutcome()
+        errors: list[str] = []
+        try:  # the session's message file, then the --json output (JSONL)
+            doc, end = json.JSONDecoder().raw_decode(text.lstrip())
+        except ValueError:
+            doc, end = {}, 0
+        messages = doc.get("messages") if isinstance(doc, dict) else None
+        for msg in messages if isinstance(messages, list) else []:
+            if not isinstance(msg, dict) or msg.get("role") != "assistant":
+                continue
+            content = msg.get("content") if isinstance(msg.get("content"), list) else []
+            ids = tuple(str(c.get("id")) for c in content if isinstance(c, dict) and c.get("type") == "tool_use")
+            metrics = msg.get("metrics") if isinstance(msg.get("metrics"), dict) else {}
+            n = metrics.get("outputTokens")
+            out.add_step(n if isinstance(n, int) else None, ids)
+        for ev in jsonl_objects(text.lstrip()[end:] if end else text):
+            if ev.get("type") == "error":
+                errors.append(str(ev.get("message") or "error"))
+        settle_errors(out, errors, UNREACHABLE, "error(s) in the agent")
+        return out
