@@ -229,6 +229,16 @@ def max_turns(cfg: AgentConfig) -> int:
         return DEFAULT_MAX_TURNS
 
 
+def as_dict(value: object) -> dict:
+    """``value`` if it is a JSON object, else an empty one (an agent's record read defensively)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: object) -> list:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def jsonl_objects(text: str) -> Iterator[dict]:
     """The JSON objects of an agent's JSONL events or transcript, one per line; anything else (a partial last line,
     a stray print) is skipped."""

@@ -33,6 +33,8 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    as_dict,
+    as_list,
     jsonl_objects,
     run_and_collect,
     settle_errors,
@@ -116,14 +118,12 @@ class ClineHarness(NativeBinaryHarness):
             doc, end = json.JSONDecoder().raw_decode(text.lstrip())
         except ValueError:
             doc, end = {}, 0
-        messages = doc.get("messages") if isinstance(doc, dict) else None
-        for msg in messages if isinstance(messages, list) else []:
+        for msg in as_list(as_dict(doc).get("messages")):
             if not isinstance(msg, dict) or msg.get("role") != "assistant":
                 continue
-            content = msg.get("content") if isinstance(msg.get("content"), list) else []
+            content = as_list(msg.get("content"))
             ids = tuple(str(c.get("id")) for c in content if isinstance(c, dict) and c.get("type") == "tool_use")
-            metrics = msg.get("metrics") if isinstance(msg.get("metrics"), dict) else {}
-            n = metrics.get("outputTokens")
+            n = as_dict(msg.get("metrics")).get("outputTokens")
             out.add_step(n if isinstance(n, int) else None, ids)
         for ev in jsonl_objects(text.lstrip()[end:] if end else text):
             if ev.get("type") == "error":

@@ -36,6 +36,7 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    as_dict,
     jsonl_objects,
     max_turns,
     run_and_collect,
@@ -172,15 +173,14 @@ class KimiCliHarness(DebianPythonAgent):
         errors: list[str] = []
         calls: list[str] = []  # tool calls of the step in progress
         for ev in jsonl_objects(text):
-            message = ev.get("message") if isinstance(ev.get("message"), dict) else {}
-            kind = message.get("type")
-            payload = message.get("payload") if isinstance(message.get("payload"), dict) else {}
+            message = as_dict(ev.get("message"))
+            kind, payload = message.get("type"), as_dict(message.get("payload"))
             if kind in ("StepBegin", "StepRetry"):
                 calls = []
             elif kind == "ToolCall" and payload.get("id"):
                 calls.append(str(payload["id"]))
             elif kind == "StatusUpdate" and isinstance(payload.get("token_usage"), dict):
-                n = payload["token_usage"].get("output")
+                n = as_dict(payload.get("token_usage")).get("output")
                 out.add_step(n if isinstance(n, int) else None, tuple(calls))
                 calls = []
             elif kind == "StepInterrupted":

@@ -37,6 +37,8 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    as_dict,
+    as_list,
     jsonl_objects,
     max_turns,
     run_and_collect,
@@ -171,15 +173,12 @@ class MistralVibeHarness(DebianPythonAgent):
             if ev.get("type") != "action_result" or ev.get("record_sha256") in seen:
                 continue
             seen.add(str(ev.get("record_sha256")))
-            payload = ev.get("payload") if isinstance(ev.get("payload"), dict) else {}
-            result = payload.get("result") if isinstance(payload.get("result"), dict) else {}
-            kind, body = result.get("type"), result.get("result")
-            body = body if isinstance(body, dict) else {}
+            result = as_dict(as_dict(ev.get("payload")).get("result"))
+            kind, body = result.get("type"), as_dict(result.get("result"))
             if kind == "completion_succeeded":
-                usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-                parts = body.get("parts") if isinstance(body.get("parts"), list) else []
+                parts = as_list(body.get("parts"))
                 ids = tuple(str(p.get("id")) for p in parts if isinstance(p, dict) and p.get("type") == "tool_call")
-                n = usage.get("output_tokens")
+                n = as_dict(body.get("usage")).get("output_tokens")
                 out.add_step(n if isinstance(n, int) else None, ids)
             elif kind == "completion_failed":
                 errors.append(str(body.get("message") or body.get("error") or json.dumps(result)[:300]))

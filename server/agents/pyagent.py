@@ -104,6 +104,7 @@ class DebianPythonAgent(PythonAgent):
 
     python_runtime: ClassVar[str | None] = "debian"
     python_version: ClassVar[str] = pyruntime.TRIXIE_PYTHON.version
+    package: ClassVar[str]  # its PyPI name, pinned in `pins` at `version`
     pins: ClassVar[tuple[str, ...]]
     sdists: ClassVar[tuple[str, ...]] = ()  # pinned packages the index has no wheel of: built from their sdist
     imports: ClassVar[str]

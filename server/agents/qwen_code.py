@@ -32,6 +32,8 @@ from swe_gym_env.server.agents.base import (
     AgentConfig,
     AgentOutcome,
     NpmArtifact,
+    as_dict,
+    as_list,
     jsonl_objects,
     max_turns,
     settle_errors,
@@ -147,8 +149,7 @@ class QwenCodeHarness(GeminiCliHarness):
         for ev in jsonl_objects(text):
             kind = ev.get("type")
             if kind == "assistant" and ev.get("sessionId") and isinstance(ev.get("usageMetadata"), dict):
-                message = ev.get("message") if isinstance(ev.get("message"), dict) else {}
-                parts = message.get("parts") if isinstance(message.get("parts"), list) else []
+                parts = as_list(as_dict(ev.get("message")).get("parts"))
                 calls = [
                     p["functionCall"] for p in parts if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)
                 ]
