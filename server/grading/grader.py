@@ -625,17 +625,19 @@ async def prepare(
     cache_key: str = "",
     use_canaries: bool = True,
 ) -> None:
-    """Measure what grading this task needs and this host lacks: the empty patch's run (run time, baseline) and the
-    canaries. Once per task, image and sandbox kind (kept on disk); a caller runs it outside a rollout's deadline
-    (the server's setup, not the rollout's time)."""
+    """Measure what grading this task needs and this host lacks: base_commit's tree, the empty patch's run (run time,
+    baseline) and the canaries. Once per task, image and sandbox kind (kept on disk); a caller runs it outside a
+    rollout's deadline (the server's setup, not the rollout's time)."""
     need_runtime = runtimes.runtime(task, cache_key) is None or not runtimes.baseline(task, cache_key)[0]
     need_canaries = use_canaries and _stored_canaries(task) is None
-    if not (need_runtime or need_canaries):
+    need_tree = not _has_tree(task, cache_key)
+    if not (need_runtime or need_canaries or need_tree):
         return
     swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
     plan = plan_for(task, swebench)
     spec = row_test_spec(task, swebench) if task.eval_script else None
     ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, _Clock(None), None)
+    await base_tree(ctx)
     if need_runtime:
         await _baseline(ctx)
     if need_canaries:
@@ -647,8 +649,16 @@ def prepared(task: Task, cache_key: str = "", use_canaries: bool = True) -> bool
     return (
         runtimes.runtime(task, cache_key) is not None
         and runtimes.baseline(task, cache_key)[0]
+        and _has_tree(task, cache_key)
         and (not use_canaries or _stored_canaries(task) is not None)
     )
+
+
+def _has_tree(task: Task, cache_key: str) -> bool:
+    """Whether base_commit's tree is measured for this task and sandbox kind (in memory or on disk)."""
+    if _task_key(task, cache_key) in _TREES:
+        return True
+    return isinstance(store.load(task).get("trees", {}).get(runtimes._where(task, cache_key)), dict)
 
 
 async def prepare_impossible(
