@@ -87,6 +87,7 @@ def guarded_run(root: Path, files: dict[str, str]) -> tuple[str, bytes, bytes, b
             text=True,
             timeout=300,
         )
+        assert what == "run" or r.returncode == 0, r.stderr
     assert not (Path(guard.dir) / "key").exists(), "the collector deletes the key before the test process starts"
     log = f">>>>> Start Test Output\n{r.stdout}{r.stderr}>>>>> End Test Output\n>>>>> Test Exit Code: {r.returncode}\n"
     junit = Path(guard.junit_path).read_bytes() if Path(guard.junit_path).exists() else b""
