@@ -25,6 +25,7 @@ HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"),
         "compaction": ("off", "on"),  # off by default (server/agents/pi.py: compaction)
     },
+    "qwen-code": {"api": ("openai", "openai-responses", "anthropic", "gemini")},  # server/agents/qwen_code.py: APIS
 }
 
 

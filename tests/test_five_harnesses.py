@@ -326,3 +326,58 @@ def test_cline_record_is_its_message_file_then_its_json_output():
     failed = json.dumps({"type": "error", "message": "Cannot connect to API: Unable to connect (ConnectionRefused)"})
     dead = get_harness("cline").parse_events(json.dumps({"messages": []}) + "\n" + failed + "\n")
     assert dead.error_kind == "endpoint_unreachable" and dead.model_calls == 0
+
+
+@pytest.mark.parametrize(
+    ("api", "variables"),
+    [
+        ("openai", {"OPENAI_API_KEY": "sgk-secret", "OPENAI_BASE_URL": "http://127.0.0.1:9/capture/v1"}),
+        ("openai-responses", {"OPENAI_API_KEY": "sgk-secret", "OPENAI_BASE_URL": "http://127.0.0.1:9/capture/v1"}),
+        ("anthropic", {"ANTHROPIC_API_KEY": "sgk-secret", "ANTHROPIC_BASE_URL": "http://127.0.0.1:9/capture"}),
+        ("gemini", {"GEMINI_API_KEY": "sgk-secret", "GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9/capture"}),
+    ],
+)
+def test_qwen_code_speaks_each_of_its_auth_types_to_the_capture(api, variables):
+    from swe_gym_env.wire import HARNESS_OPTIONS, RolloutRequest
+
+    assert RolloutRequest(harness="qwen-code", harness_options={"api": api}).harness_options == {"api": api}
+    assert api in HARNESS_OPTIONS["qwen-code"]["api"]
+    h = get_harness("qwen-code")
+    cfg = AgentConfig(**{**CFG.__dict__, "options": {"api": api}})
+    files = h.config_files(cfg, "sgk-secret", "fix it")
+    env = dict(line.split("=", 1) for line in files["/home/agent/.capture.env"][0].decode().splitlines())
+    assert {k: env[k] for k in variables} == variables and env[next(k for k in env if k.endswith("_MODEL"))]
+    assert json.loads(files["/home/agent/.qwen-system-settings.json"][0])["security"]["auth"]["selectedType"] == api
+    assert f"--auth-type {api} " in h.command(cfg)
+
+
+def test_a_task_qwen_code_rewrote_is_still_found_and_still_seen():
+    """Qwen Code's @-reference parser puts a space before an `@token` it cannot resolve (`@retry(...)` -> ` @retry`):
+    the oracle still finds the task, and the pipeline still sees that the agent carried it."""
+    from swe_gym_env.server.capture import CaptureSession, EngineTarget
+    from swe_gym_env.server.engine.policy import find_task
+    from swe_gym_env.server.rollout.agent_run import saw_task
+    from swe_gym_env.tasks.catalog import tasks_in
+    from swe_gym_env.wire import Turn
+
+    task = next(t for t in tasks_in("bundled") if "`@retry(" in t.problem_statement)
+    rewritten = "Fix this: " + task.problem_statement.replace("`@retry(", "` @retry(")
+    assert find_task(rewritten) == task
+    turn = Turn(
+        index=0,
+        prompt_len=1,
+        prompt_new_ids=[1],
+        completion_token_ids=[2],
+        logprobs=[0.0],
+        finish_reason="stop",
+        streamed=False,
+        wall_s=0.0,
+        response_message={"role": "assistant", "content": "done"},
+        new_messages=[{"role": "user", "content": rewritten}],
+        params={"model": "m"},
+    )
+    s = CaptureSession(id="s", engine=EngineTarget("http://e/v1", "m"), max_calls=5, max_tokens=5, call_timeout_s=5)
+    s.turns = [turn]
+    assert saw_task(s, task.problem_statement)
+    s.turns = [turn.model_copy(update={"new_messages": [{"role": "user", "content": rewritten[:200]}]})]
+    assert not saw_task(s, task.problem_statement)

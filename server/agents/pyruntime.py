@@ -204,6 +204,19 @@ def build_debian_runtime(dest: Path, source: DebianPython, downloads: Path, log=
     return runtime
 
 
+def host_pip(args: list[str]) -> None:
+    """`pip <args>` by this host's pip: the agent runtime's source Python's, else this process's (whichever has one;
+    its index settings apply)."""
+    why = ""
+    for python in dict.fromkeys((source_python(), sys.executable)):
+        try:
+            _run([python, "-m", "pip", *args], f"`{python} -m pip {' '.join(args[:1] + args[-1:])}`")
+            return
+        except AgentError as e:
+            why = str(e)
+    raise AgentError("install", why)
+
+
 def fetch_pip(downloads: Path, log=print) -> Path:
     """The pinned pip wheel, fetched once with the host's pip (its index settings apply) and sha256-checked."""
     name, version, sha = PIP
@@ -212,16 +225,7 @@ def fetch_pip(downloads: Path, log=print) -> Path:
         return wheel
     downloads.mkdir(parents=True, exist_ok=True)
     log(f"fetching {name}=={version} (the agent runtime's pip)")
-    why = ""
-    for python in dict.fromkeys((source_python(), sys.executable)):  # whichever of the two has a pip
-        argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", str(downloads)]
-        try:
-            _run([*argv, f"{name}=={version}"], f"`{python} -m pip download {name}=={version}`")
-            break
-        except AgentError as e:
-            why = str(e)
-    else:
-        raise AgentError("install", why)
+    host_pip(["download", "--no-deps", "--only-binary", ":all:", "-d", str(downloads), f"{name}=={version}"])
     got = hashlib.sha256(wheel.read_bytes()).hexdigest() if wheel.is_file() else "nothing"
     if got != sha:
         raise AgentError("install", f"{wheel.name}: sha256 {got[:16]}… is not the pinned {sha[:16]}…")
@@ -230,8 +234,8 @@ def fetch_pip(downloads: Path, log=print) -> Path:
 
 def sdist_wheels(pins: tuple[str, ...], sdists: tuple[str, ...], downloads: Path, log=print) -> Path | None:
     """Wheels of the pinned ``sdists`` (pure-Python packages the index has no wheel of), built once by this host's
-    pip from their sdist into ``downloads/wheels`` (the agent runtime cannot run a build: its bare interpreter needs
-    its own loader); the directory, None when there are none."""
+    pip (`host_pip`) from their sdist into ``downloads/wheels`` (the agent runtime cannot run a build: its bare
+    interpreter needs its own loader); the directory, None when there are none."""
     if not sdists:
         return None
     out = downloads / "wheels"
@@ -241,8 +245,7 @@ def sdist_wheels(pins: tuple[str, ...], sdists: tuple[str, ...], downloads: Path
         if any(out.glob(f"{name.replace('-', '_')}-{version}-py3-none-any.whl")):
             continue
         log(f"building a wheel of {pin} from its sdist")
-        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary", name, "-w", str(out), pin]
-        _run([*argv, "-q", "--disable-pip-version-check"], f"`pip wheel {pin}`")
+        host_pip(["wheel", "-q", "--disable-pip-version-check", "--no-deps", "--no-binary", name, "-w", str(out), pin])
     return out
 
 

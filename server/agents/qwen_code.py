@@ -42,6 +42,14 @@ from swe_gym_env.server.agents.bundle import NODE, RIPGREP
 from swe_gym_env.server.agents.gemini_cli import NO_MCP, UNREACHABLE, GeminiCliHarness
 
 QWEN_HOME = f"{AGENT_HOME}/.qwen-home"
+# its auth types that /capture speaks (harness option `api`) -> the capture dialect each is recorded in
+APIS = {
+    "openai": "openai-chat",
+    "openai-responses": "openai-responses",
+    "anthropic": "anthropic-messages",
+    "gemini": "gemini",
+}
+DEFAULT_API = "openai"
 # tools a one-shot run in a sandbox has no use for, each a way out of it or a model call of its own: the web, sub-agents
 # and messages between them, background cron / monitor / loop jobs, worktrees, goals, artifacts, deferred (MCP) tools
 EXCLUDED = (
@@ -81,7 +89,8 @@ class QwenCodeHarness(GeminiCliHarness):
     stdout_path: ClassVar[str] = f"{AGENT_HOME}/qwen-stream.jsonl"
     unset: ClassVar[tuple[str, ...]] = (
         *("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "QWEN_MODEL", "QWEN_DEFAULT_AUTH_TYPE", "QWEN_SANDBOX"),
-        *("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY", "QWEN_TELEMETRY_TARGET"),
+        *("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "GEMINI_API_KEY", "GEMINI_MODEL"),
+        *("GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_GENAI_USE_VERTEXAI", "QWEN_TELEMETRY_TARGET"),
     )
     events_path = f"{AGENT_HOME}/qwen-events.jsonl"
     log_path = f"{AGENT_HOME}/qwen-stderr.txt"
@@ -91,7 +100,10 @@ class QwenCodeHarness(GeminiCliHarness):
 
     def settings(self, cfg: AgentConfig) -> dict:
         return {
-            "security": {"auth": {"selectedType": "openai"}, "folderTrust": {"enabled": False}},
+            "security": {
+                "auth": {"selectedType": cfg.options.get("api", DEFAULT_API)},
+                "folderTrust": {"enabled": False},
+            },
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False, "logPrompts": False},
             "general": {"enableAutoUpdate": False, "preventSystemSleep": False, "showSessionRecap": False},
@@ -120,10 +132,16 @@ class QwenCodeHarness(GeminiCliHarness):
         }
 
     def env(self, cfg: AgentConfig, key: str) -> dict[str, str]:
+        api = cfg.options.get("api", DEFAULT_API)
+        root = cfg.base_url.rstrip("/")
+        endpoint = {  # each auth type reads its own variables; each SDK appends its own path
+            "openai": {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": f"{root}/v1", "OPENAI_MODEL": cfg.model},
+            "openai-responses": {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": f"{root}/v1", "OPENAI_MODEL": cfg.model},
+            "anthropic": {"ANTHROPIC_API_KEY": key, "ANTHROPIC_BASE_URL": root, "ANTHROPIC_MODEL": cfg.model},
+            "gemini": {"GEMINI_API_KEY": key, "GOOGLE_GEMINI_BASE_URL": root, "GEMINI_MODEL": cfg.model},
+        }[api]
         return {
-            "OPENAI_API_KEY": key,
-            "OPENAI_BASE_URL": cfg.base_url.rstrip("/") + "/v1",
-            "OPENAI_MODEL": cfg.model,
+            **endpoint,
             "QWEN_HOME": QWEN_HOME,
             "QWEN_CODE_SYSTEM_SETTINGS_PATH": self.system_settings,
             "QWEN_CODE_NO_RELAUNCH": "true",
@@ -134,7 +152,8 @@ class QwenCodeHarness(GeminiCliHarness):
         return f"{QWEN_HOME}/settings.json"
 
     def run_args(self, cfg: AgentConfig) -> str:
-        return f"--yolo -o stream-json --auth-type openai -m {shlex.quote(cfg.model)}"
+        api = cfg.options.get("api", DEFAULT_API)
+        return f"--yolo -o stream-json --auth-type {api} -m {shlex.quote(cfg.model)}"
 
     def transcripts(self) -> str:
         return f"{QWEN_HOME}/projects/*/chats/*.jsonl"

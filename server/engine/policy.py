@@ -45,6 +45,13 @@ def _text(content: Any) -> str:
     return ""
 
 
+def find_task(prompt_text: str) -> Task | None:
+    """The task whose problem statement is in the prompt; else the one it is in once the space Qwen Code 0.24's
+    @-reference parser puts before an `@token` it could not resolve (`@retry(...)` -> ` @retry(...)`) is taken out
+    again (the agent sends the task as it rewrote it)."""
+    return find_by_problem_statement(prompt_text) or find_by_problem_statement(prompt_text.replace(" @", "@"))
+
+
 def _step(messages: list[dict]) -> int:
     return sum(1 for m in messages if m.get("role") == "assistant")
 
@@ -214,7 +221,7 @@ class OraclePolicy(Policy):
 
     def reply(self, messages, tools):
         prompt_text = "\n".join(_text(m.get("content")) for m in messages if m.get("role") in ("user", "system"))
-        task = find_by_problem_statement(prompt_text)
+        task = find_task(prompt_text)
         if task is None:
             return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
         where = WORKDIR_IN_PROMPT.search(prompt_text)  # as an agent would: the work tree its prompt names
@@ -264,7 +271,7 @@ class CompactingOraclePolicy(OraclePolicy):
     def reply(self, messages, tools):
         texts = _all_text(messages)
         text = "\n".join(texts)
-        task = find_by_problem_statement(text)
+        task = find_task(text)
         if task is None:
             return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
         where = WORKDIR_IN_PROMPT.search(text)

@@ -166,9 +166,10 @@ def unrecovered_errors(session: CaptureSession, state: RunState) -> tuple[str, .
 
 
 def saw_task(session: CaptureSession, problem: str) -> bool:
-    """Whether some agent-role call's request carried the problem statement (whitespace normalised)."""
-    needle = " ".join(problem.split())
+    """Whether some agent-role call's request carried the problem statement, whitespace aside (agents reflow it:
+    Qwen Code's @-reference parser puts a space before an `@token` it cannot resolve)."""
+    needle = "".join(problem.split())
     if not needle:
         return True
     view = TurnsView(session.turns)
-    return any(needle in " ".join(request_text(view.request(t.index)).split()) for t in view.turns if t.role == "agent")
+    return any(needle in "".join(request_text(view.request(t.index)).split()) for t in view.turns if t.role == "agent")
