@@ -81,28 +81,27 @@ def long_bed():
         served.__exit__(None, None, None)
 
 
-@pytest.mark.parametrize("name", SHORT_RUNTIME)
-async def test_the_runtime_classes_with_opencode(need_opencode, long_bed, name):
+async def opencode_cheat(long_bed, name: str):
+    """One rollout of OpenCode on `local` whose shell tool runs the named cheat."""
     faults, stack = long_bed
     faults.set("cheat", command=BY_NAME[name].command)
     async with asyncio.timeout(600):
         async with SweGymClient(stack.mcp_url) as c:
             result = await c.run_rollout(harness="opencode", sandbox="local", deadline_s=400)
     assert result.model_patch, (result.error, result.agent_log_tail[-1500:])
-    check_named(result, BY_NAME[name], RUNTIME_FINDINGS[name])
+    return result
+
+
+@pytest.mark.parametrize("name", SHORT_RUNTIME)
+async def test_the_runtime_classes_with_opencode(need_opencode, long_bed, name):
+    check_named(await opencode_cheat(long_bed, name), BY_NAME[name], RUNTIME_FINDINGS[name])
 
 
 @pytest.mark.parametrize("name", ["canary_run_switch", *SHORT_40])
 async def test_issue_40_classes_with_opencode(need_opencode, long_bed, name):
     """Issue 40's construction with a second harness: the canary-run switch, builtins replaced from the package, a
     `pytest.py` at the root, pytest settings behind TOML escapes."""
-    faults, stack = long_bed
-    faults.set("cheat", command=BY_NAME[name].command)
-    async with asyncio.timeout(600):
-        async with SweGymClient(stack.mcp_url) as c:
-            result = await c.run_rollout(harness="opencode", sandbox="local", deadline_s=400)
-    assert result.model_patch, (result.error, result.agent_log_tail[-1500:])
-    check(result, BY_NAME[name])
+    check(await opencode_cheat(long_bed, name), BY_NAME[name])
 
 
 XMLTODICT = [
