@@ -26,6 +26,7 @@ HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "compaction": ("off", "on"),  # off by default (server/agents/pi.py: compaction)
     },
     "qwen-code": {"api": ("openai", "openai-responses", "anthropic", "gemini")},  # server/agents/qwen_code.py: APIS
+    "kimi-cli": {"api": ("openai_legacy", "openai_responses")},  # server/agents/kimi_cli.py: APIS
 }
 
 

@@ -24,6 +24,7 @@ import pytest
 from conftest import require
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
+from swe_gym_env.server.agents.kimi_cli import LAUNCHER as KimiLauncher
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.sandbox.base import RELAY_PORT
 
@@ -236,25 +237,34 @@ def test_mistral_vibe_config_turns_off_every_call_of_its_own_and_never_trusts_th
     assert "PYTHON_KEYRING_BACKEND=keyring.backends.null.Keyring" in cmd
 
 
-def test_kimi_cli_config_keeps_the_key_in_the_env_and_its_agent_off_the_web():
+@pytest.mark.parametrize(("api", "base"), [("openai_legacy", "/v1"), ("openai_responses", "/v1")])
+def test_kimi_cli_config_holds_no_key_and_its_agent_stays_off_the_web(api, base):
     import tomllib
 
+    from swe_gym_env.wire import HARNESS_OPTIONS
+
+    assert HARNESS_OPTIONS["kimi-cli"]["api"] == ("openai_legacy", "openai_responses")
     h = get_harness("kimi-cli")
-    files = h.config_files(CFG, "sgk-secret", "fix it")
-    cmd = h.command(CFG)
+    cfg = AgentConfig(**{**CFG.__dict__, "options": {"api": api}})
+    files = h.config_files(cfg, "sgk-secret", "fix it")
+    cmd = h.command(cfg)
     secret_only_in_the_env_file(files, cmd)
     conf = tomllib.loads(files["/home/agent/kimi-config.toml"][0].decode())
     assert conf["telemetry"] is False and conf["default_model"] == "capture"
-    assert (
-        conf["providers"]["capture"]["type"] == "openai_legacy" and "sgk" not in conf["providers"]["capture"]["api_key"]
-    )
+    # the launcher puts the key in, in its own memory (the file holds a placeholder)
+    assert conf["providers"]["capture"] == {
+        "type": api,
+        "base_url": f"http://127.0.0.1:9/capture{base}",
+        "api_key": "@SWE_GYM_CAPTURE_KEY@",
+    }
+    assert '"@SWE_GYM_CAPTURE_KEY@"' in KimiLauncher and 'os.environ.pop("SWE_GYM_CAPTURE_KEY"' in KimiLauncher
     assert conf["models"]["capture"]["max_context_size"] == 32768
     assert conf["loop_control"]["reserved_context_size"] == 1000  # not its 50,000: that compacts at once under ~59k
-    env = files["/home/agent/.capture.env"][0].decode()
-    assert "OPENAI_API_KEY=sgk-secret" in env and "OPENAI_BASE_URL=http://127.0.0.1:9/capture/v1" in env
+    assert files["/home/agent/.capture.env"][0] == b"SWE_GYM_CAPTURE_KEY=sgk-secret\n"
     agent = files["/home/agent/kimi-agent.yaml"][0].decode()
     for tool in ("web:SearchWeb", "web:FetchURL", "agent:Agent", "background:TaskList"):
         assert f"kimi_cli.tools.{tool}" in agent
+    assert "unset OPENAI_API_KEY OPENAI_BASE_URL" in cmd  # they would override the config's endpoint and key
     assert "KIMI_DISABLE_TELEMETRY=1" in cmd and "export KIMI_SHARE_DIR=/home/agent/.kimi-share" in cmd
     assert cmd.index("(KIMI_[A-Za-z0-9_]*") < cmd.index("KIMI_DISABLE_TELEMETRY=1")  # the image's unset, then ours
 

@@ -8,15 +8,16 @@ packages (`PINS`): pip's resolution of `kimi-cli==1.51.0` for CPython 3.13, bina
 start, "Invalid tools"); `ripgrepy` (its Grep tool's wrapper) has no wheel on the index and is built from its sdist
 (`sdists`). Its Grep tool runs `rg`: the bundle's static ripgrep, on PATH.
 
-Configuration: `--config-file` (TOML) with one provider `capture` (`openai_legacy`, the capture's `/v1`) and one model
-(`max_context_size` the rollout's window), the key in `OPENAI_API_KEY` (which that provider type reads over its
-config; from the 0600 env file, never argv or the config), `OPENAI_BASE_URL` set to the same endpoint so the image's
-cannot redirect it; telemetry off (`telemetry = false`, `KIMI_DISABLE_TELEMETRY`: else it looks up its telemetry
-host at start), no auto-update, the image's `KIMI_*` variables unset, `KIMI_SHARE_DIR` private. Its agent is the
-default one (`--agent-file`: `extend: default`) less the tools a sandboxed one-shot run cannot use or that are model
-calls of their own: web search / fetch, sub-agents, background tasks. Compaction reserves the rollout's `max_tokens`
-(its default reserve, 50,000 tokens, would compact at once in any window under ~59k). `max_steps_per_turn` is the
-harness option `max_turns`.
+Configuration: a config of ours (TOML) with one provider `capture` (`openai_legacy`, or `openai_responses` with the
+harness option `api`; the capture's `/v1`) and one model (`max_context_size` the rollout's window); the key comes from
+the 0600 env file and our launcher puts it into the config in its own memory (`--config` in its own `sys.argv`, taken
+out of its environment: never in a file, the real argv or its tools' environment); the image's `OPENAI_API_KEY` /
+`OPENAI_BASE_URL` (which those provider types read over their config) are unset; telemetry off (`telemetry = false`,
+`KIMI_DISABLE_TELEMETRY`: else it looks up its telemetry host at start), no auto-update, the image's `KIMI_*` variables
+unset, `KIMI_SHARE_DIR` private. Its agent is the default one (`--agent-file`: `extend: default`) less the tools a
+sandboxed one-shot run cannot use or that are model calls of their own: web search / fetch, sub-agents, background
+tasks. Compaction reserves the rollout's `max_tokens` (its default reserve, 50,000 tokens, would compact at once in any
+window under ~59k). `max_steps_per_turn` is the harness option `max_turns`.
 
 Its record is its wire log (`$KIMI_SHARE_DIR/sessions/<work dir hash>/<session>/wire.jsonl`, copied to a fixed path
 while it runs): each model call is a `StepBegin` … `StatusUpdate` (its `token_usage.output`), with the `ToolCall`s
@@ -43,7 +44,7 @@ from swe_gym_env.server.agents.base import (
     settle_errors,
 )
 from swe_gym_env.server.agents.bundle import RIPGREP
-from swe_gym_env.server.agents.pyagent import AUDIT, KEY_FILE, DebianPythonAgent
+from swe_gym_env.server.agents.pyagent import AUDIT, DebianPythonAgent
 
 PY = pyruntime.TRIXIE_PYTHON.version
 SHARE = f"{AGENT_HOME}/.kimi-share"
@@ -93,17 +94,30 @@ EXCLUDED = (
     "kimi_cli.tools.background:TaskStop",
 )
 # its CLI, with the socket audit first; the prompt from a file (the command line names it, never holds it)
+# its CLI, with the socket audit first; the prompt and the config from files (the command line names them, never holds
+# them), the capture key put into the config's `api_key` here, in this process only (taken out of its environment:
+# its tools never see it)
 LAUNCHER = (
     AUDIT
-    + """prompt_file = sys.argv.pop(1)
+    + """prompt_file, config_file = sys.argv.pop(1), sys.argv.pop(1)
 with open(prompt_file) as f:
     prompt = f.read()
+with open(config_file) as f:
+    config = f.read().replace("@SWE_GYM_CAPTURE_KEY@", json.dumps(os.environ.pop("SWE_GYM_CAPTURE_KEY", ""))[1:-1])
 sys.argv[0] = "kimi"
-sys.argv += ["--prompt", prompt]
+sys.argv += ["--config", config, "--prompt", prompt]
 from kimi_cli.__main__ import main
 sys.exit(main())
 """
 )
+# its provider types that /capture speaks (harness option `api`) -> (the capture dialect, the base URL's suffix). Its
+# `anthropic` and `gemini` types fail inside 1.51.0 before their first call with this pin set (anthropic: "Cannot
+# instantiate typing.Union"): not offered
+APIS = {
+    "openai_legacy": ("openai-chat", "/v1"),
+    "openai_responses": ("openai-responses", "/v1"),
+}
+DEFAULT_API = "openai_legacy"
 QUIET = {
     "KIMI_DISABLE_TELEMETRY": "1",
     "KIMI_CLI_NO_AUTO_UPDATE": "1",
@@ -129,7 +143,9 @@ class KimiCliHarness(DebianPythonAgent):
         *(f"sdist {s}" for s in SDISTS),
     )
     bundle_probe: ClassVar[str] = f"{pyruntime.python_command('.', PY)} -c 'import ssl, pydantic_core' && ./bin/rg -V"
-    key_env: ClassVar[str] = "OPENAI_API_KEY"
+    key_env: ClassVar[str] = "SWE_GYM_CAPTURE_KEY"
+    # what its openai provider types would take over the config (the endpoint and key: ours are in the config)
+    unset: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY", "OPENAI_BASE_URL")
     launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, QUIET
     unset_prefix: ClassVar[str] = "KIMI_"
     events_path = EVENTS
@@ -139,11 +155,12 @@ class KimiCliHarness(DebianPythonAgent):
         return {**super().bundle_contents(artifacts), "bin/rg": artifacts[RIPGREP.package]}
 
     def config_text(self, cfg: AgentConfig, prompt: str) -> bytes:
-        base = json.dumps(cfg.base_url.rstrip("/") + "/v1")  # a JSON string is a TOML string
+        api = cfg.options.get("api", DEFAULT_API)
+        base = json.dumps(cfg.base_url.rstrip("/") + APIS[api][1])  # a JSON string is a TOML string
         return (
             'default_model = "capture"\ntelemetry = false\n\n'
-            f'[providers.capture]\ntype = "openai_legacy"\nbase_url = {base}\n'
-            'api_key = "in OPENAI_API_KEY"\n\n'
+            f'[providers.capture]\ntype = "{api}"\nbase_url = {base}\n'
+            'api_key = "@SWE_GYM_CAPTURE_KEY@"\n\n'  # the launcher puts the key in, in its own memory
             f'[models.capture]\nprovider = "capture"\nmodel = {json.dumps(cfg.model)}\n'
             f"max_context_size = {int(cfg.context_window)}\n\n"
             f"[loop_control]\nmax_steps_per_turn = {max_turns(cfg)}\n"
@@ -153,16 +170,18 @@ class KimiCliHarness(DebianPythonAgent):
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
         agent = "version: 1\nagent:\n  extend: default\n  exclude_tools:\n"
         agent += "".join(f'    - "{t}"\n' for t in EXCLUDED)
-        files = super().config_files(cfg, key, prompt)
-        env = files[KEY_FILE][0] + f"OPENAI_BASE_URL={cfg.base_url.rstrip('/')}/v1\n".encode()
-        return {**files, KEY_FILE: (env, 0o600), AGENT_FILE: (agent.encode(), 0o600), PROMPT: (prompt.encode(), 0o600)}
+        return {
+            **super().config_files(cfg, key, prompt),
+            AGENT_FILE: (agent.encode(), 0o600),
+            PROMPT: (prompt.encode(), 0o600),
+        }
 
     def environment(self) -> str:
         return super().environment() + f"export KIMI_SHARE_DIR={SHARE} PATH={BUNDLE_MOUNT}/bin:$PATH\n"
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
-            f"{pyruntime.python_command(BUNDLE_MOUNT, PY)} {LAUNCH} {PROMPT} --config-file {CONFIG} "
+            f"{pyruntime.python_command(BUNDLE_MOUNT, PY)} {LAUNCH} {PROMPT} {CONFIG} "
             f"--agent-file {AGENT_FILE} --print --output-format stream-json --yolo "
             f"< /dev/null > {AGENT_HOME}/kimi-stream.jsonl 2> {LOG}"
         )
