@@ -221,6 +221,7 @@ def test_mistral_vibe_config_turns_off_every_call_of_its_own_and_never_trusts_th
         {
             "name": "capture",
             "api_base": "http://127.0.0.1:9/capture/v1",
+            "api_style": "openai",
             "api_key_env_var": "SWE_GYM_CAPTURE_KEY",
             "backend": "generic",
         }
@@ -391,3 +392,16 @@ def test_a_task_qwen_code_rewrote_is_still_found_and_still_seen():
     assert saw_task(s, task.problem_statement)
     s.turns = [turn.model_copy(update={"new_messages": [{"role": "user", "content": rewritten[:200]}]})]
     assert not saw_task(s, task.problem_statement)
+
+
+@pytest.mark.parametrize(("api", "base"), [("openai", "/v1"), ("openai-responses", "/v1"), ("anthropic", "")])
+def test_mistral_vibe_speaks_each_api_style_to_the_capture(api, base):
+    import tomllib
+
+    from swe_gym_env.wire import RolloutRequest
+
+    assert RolloutRequest(harness="mistral-vibe", harness_options={"api": api}).harness_options == {"api": api}
+    cfg = AgentConfig(**{**CFG.__dict__, "options": {"api": api}})
+    files = get_harness("mistral-vibe").config_files(cfg, "sgk-secret", "fix it")
+    provider = tomllib.loads(files["/home/agent/.vibe-home/config.toml"][0].decode())["providers"][0]
+    assert provider["api_style"] == api and provider["api_base"] == f"http://127.0.0.1:9/capture{base}"

@@ -10,14 +10,15 @@ script of ours (`SERVER`, executable, so a `landlock` sandbox maps the paths in 
 every socket the Python opens is logged) on the bundle's Python. Its packages (`PINS`) are the wheel's own exact pins
 (it pins every dependency), binary wheels for CPython 3.13.
 
-Configuration: `$VIBE_HOME/config.toml` (a private `VIBE_HOME`): one provider (`backend = "generic"`, `api_base` the
-capture's `/v1`, its key read from `SWE_GYM_CAPTURE_KEY`, sourced from the 0600 env file, never argv), one model
+Configuration: `$VIBE_HOME/config.toml` (a private `VIBE_HOME`): one provider (`backend = "generic"`, its `api_style`
+the harness option `api`: `openai` by default, `openai-responses` or `anthropic`; `api_base` the capture's root or
+`/v1`, its key read from `SWE_GYM_CAPTURE_KEY`, sourced from the 0600 env file, never argv), one model
 (`max_context_length`, `max_output_tokens` from the rollout), pinned as `active_model`. Offline and hermetic: no
 telemetry or OpenTelemetry, no update check or auto-update, no GrowthBook experiments (a feature-flag fetch), no model
 catalog, no connectors / MCP / registry skills, no notifications, no sub-agents or background processes, no session
-titles (a helper model call); the OS keyring is the null backend; the image's `VIBE_*` variables (its environment
-config layer) are unset; the work tree is not trusted (no `--trust`), so a repo's `.vibe/config.toml` is never read.
-`--max-turns` is the harness option `max_turns`.
+titles (a helper model call); the OS keyring is the null backend; the image's `VIBE_*` variables (its environment config
+layer) are unset; the work tree is not trusted (no `--trust`), so a repo's `.vibe/config.toml` is never read. `--max-
+turns` is the harness option `max_turns`.
 
 Its record is its session journal (`$VIBE_HOME/logs/session/unified/<session>/journal/*.jsonl`, hash-chained records,
 copied to a fixed path while it runs): each model call is an `action_result` whose result is `completion_succeeded`
@@ -59,6 +60,14 @@ NET = f"{AGENT_HOME}/vibe-net.jsonl"
 OUT = f"{AGENT_HOME}/vibe-out"
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
 RUST_CLI = "site/vibe/_bin/vibe-rs"  # in the bundle
+# its generic backend's API styles that /capture speaks (harness option `api`) -> (the capture dialect, what its
+# `api_base` ends with: each style appends its own path, /chat/completions, /responses, /v1/messages)
+APIS = {
+    "openai": ("openai-chat", "/v1"),
+    "openai-responses": ("openai-responses", "/v1"),
+    "anthropic": ("anthropic-messages", ""),
+}
+DEFAULT_API = "openai"
 UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
 
 PINS: tuple[str, ...] = tuple(
@@ -139,7 +148,9 @@ class MistralVibeHarness(DebianPythonAgent):
     def config_text(self, cfg: AgentConfig, prompt: str) -> bytes:
         lines = ['active_model = "capture"', *(f"{k} = false" for k in OFF), "mcp_servers = []", ""]
         lines += ["[experiments]", "enable = false", "", "[session_logging]", "generate_titles = false", ""]
-        lines += ["[[providers]]", 'name = "capture"', f"api_base = {_toml(cfg.base_url.rstrip('/') + '/v1')}"]
+        api = cfg.options.get("api", DEFAULT_API)
+        base = cfg.base_url.rstrip("/") + APIS[api][1]
+        lines += ["[[providers]]", 'name = "capture"', f"api_base = {_toml(base)}", f"api_style = {_toml(api)}"]
         lines += [f"api_key_env_var = {_toml(KEY_ENV)}", 'backend = "generic"', ""]
         lines += ["[[models]]", f"name = {_toml(cfg.model)}", 'provider = "capture"', 'alias = "capture"']
         lines += [f"max_context_length = {int(cfg.context_window)}", f"max_output_tokens = {int(cfg.max_tokens)}"]
