@@ -405,3 +405,25 @@ def test_mistral_vibe_speaks_each_api_style_to_the_capture(api, base):
     files = get_harness("mistral-vibe").config_files(cfg, "sgk-secret", "fix it")
     provider = tomllib.loads(files["/home/agent/.vibe-home/config.toml"][0].decode())["providers"][0]
     assert provider["api_style"] == api and provider["api_base"] == f"http://127.0.0.1:9/capture{base}"
+
+
+@pytest.mark.parametrize(
+    ("api", "base", "key_env"),
+    [
+        ("openai-compatible", "/v1", "OPENAI_API_KEY"),
+        ("openai-native", "/v1", "OPENAI_API_KEY"),
+        ("anthropic", "/v1", "ANTHROPIC_API_KEY"),
+    ],
+)
+def test_cline_speaks_each_of_its_providers_to_the_capture(api, base, key_env):
+    from swe_gym_env.wire import RolloutRequest
+
+    assert RolloutRequest(harness="cline", harness_options={"api": api}).harness_options == {"api": api}
+    h = get_harness("cline")
+    cfg = AgentConfig(**{**CFG.__dict__, "options": {"api": api}})
+    files = h.config_files(cfg, "sgk-secret", "fix it")
+    providers = json.loads(files["/home/agent/.cline-run/data/settings/providers.json"][0])
+    assert providers["lastUsedProvider"] == api
+    assert providers["providers"][api]["settings"]["baseUrl"] == f"http://127.0.0.1:9/capture{base}"
+    assert files["/home/agent/.capture.env"][0] == f"{key_env}=sgk-secret\n".encode()
+    assert f"--json -P {api} " in h.command(cfg)

@@ -4,17 +4,18 @@ Only the platform binary is installed (`@cline/cli-linux-x64`: one self-containe
 package's optionalDependency carries; it needs neither the package's web hub nor its plugin bootstrap); its bundle
 holds it and the static ripgrep (`bundle.NativeBinaryHarness`, as OpenCode's).
 
-Configuration, all of it private to the rollout: `--data-dir` holds its `settings/providers.json` (provider
-`openai-compatible`, `baseUrl` the capture's `/v1`, the model, its context window and output limit; no key: that
-provider reads `OPENAI_API_KEY`, sourced from the 0600 env file, never argv or a file of its own), `--config` a config
-directory of ours (no `~/.cline` hooks, skills, MCP servers or plugins), and `CLINE_GLOBAL_SETTINGS_PATH` our global
-settings; the image's `CLINE_*` variables are unset. Offline and hermetic (traced
-against a stub): its OpenTelemetry export to its own host (which it looks up on every run) is off only with
-`telemetryOptOut` in the global settings; its PostHog feature flags (another lookup, on a fresh data dir) only with
-`IS_TEST=true`, which in this version does nothing else (it swaps the flags client for a no-op one and lets a test
-helper set flags); auto-update off; the tools a sandboxed one-shot run cannot use, or that are model calls of their
-own, disabled (`disabledTools`: web fetch, questions to a user, sub-agents and its agent-team tools). The prompt is its
-argument (`$(cat prompt.txt)`: its `--json` mode takes no prompt from a redirected stdin).
+Configuration, all of it private to the rollout: `--data-dir` holds its `settings/providers.json` (provider `openai-
+compatible`, or `openai-native` (Responses) / `anthropic` with the harness option `api`; `baseUrl` the capture's `/v1`,
+the model, its context window and output limit; no key: each provider reads its own variable, `OPENAI_API_KEY` or
+`ANTHROPIC_API_KEY`, sourced from the 0600 env file, never argv or a file of its own), `--config` a config directory of
+ours (no `~/.cline` hooks, skills, MCP servers or plugins), and `CLINE_GLOBAL_SETTINGS_PATH` our global settings; the
+image's `CLINE_*` variables are unset. Offline and hermetic (traced against a stub): its OpenTelemetry export to its own
+host (which it looks up on every run) is off only with `telemetryOptOut` in the global settings; its PostHog feature
+flags (another lookup, on a fresh data dir) only with `IS_TEST=true`, which in this version does nothing else (it swaps
+the flags client for a no-op one and lets a test helper set flags); auto-update off; the tools a sandboxed one-shot run
+cannot use, or that are model calls of their own, disabled (`disabledTools`: web fetch, questions to a user, sub-agents
+and its agent-team tools). The prompt is its argument (`$(cat prompt.txt)`: its `--json` mode takes no prompt from a
+redirected stdin).
 
 Its record is its session's message file (`<data-dir>/sessions/<id>/<id>.messages.json`: each assistant message with
 its `tool_use` ids and `metrics.outputTokens`), copied to a fixed path while it runs and followed by its `--json`
@@ -49,6 +50,14 @@ EVENTS = f"{AGENT_HOME}/cline-events.jsonl"
 STDOUT = f"{AGENT_HOME}/cline-stream.jsonl"
 STDERR = f"{AGENT_HOME}/cline-stderr.txt"
 PROVIDER = "openai-compatible"
+# its providers that /capture speaks (harness option `api`) -> (the capture dialect, the base URL's suffix, its key's
+# variable). Its `gemini` provider sends no tools for a model its catalog does not know (measured: one call, no
+# tools, nothing done): not offered
+APIS = {
+    "openai-compatible": ("openai-chat", "/v1", "OPENAI_API_KEY"),
+    "openai-native": ("openai-responses", "/v1", "OPENAI_API_KEY"),
+    "anthropic": ("anthropic-messages", "/v1", "ANTHROPIC_API_KEY"),
+}
 UNREACHABLE = ("connect", "econnrefused", "unable to connect", "fetch failed", "timed out", "timeout", "socket")
 TEAM_TOOLS = tuple(
     f"team_{t}"
@@ -79,28 +88,30 @@ class ClineHarness(NativeBinaryHarness):
     log_path = STDERR
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
+        api = cfg.options.get("api", PROVIDER)
         settings = {
-            "provider": PROVIDER,
+            "provider": api,
             "model": cfg.model,
-            "baseUrl": f"{cfg.base_url.rstrip('/')}/v1",
+            "baseUrl": f"{cfg.base_url.rstrip('/')}{APIS[api][1]}",
             "contextWindow": int(cfg.context_window),  # else its catalog's default for an unknown model
             "maxTokens": int(cfg.max_tokens),
         }
         # `updatedAt` present, or it rewrites the entry from its defaults (dropping baseUrl)
         entry = {"settings": settings, "updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"}
-        providers = {"version": 1, "lastUsedProvider": PROVIDER, "modes": {}, "providers": {PROVIDER: entry}}
+        providers = {"version": 1, "lastUsedProvider": api, "modes": {}, "providers": {api: entry}}
         globals_ = {"telemetryOptOut": True, "autoUpdateEnabled": False, "disabledTools": list(DISABLED)}
         return {
             f"{DATA}/settings/providers.json": (json.dumps(providers, indent=2).encode(), 0o600),
             SETTINGS: (json.dumps(globals_, indent=2).encode(), 0o600),
             f"{HOME}/config/.keep": (b"", 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"OPENAI_API_KEY={shlex.quote(key)}\n".encode(), 0o600),
+            f"{AGENT_HOME}/.capture.env": (f"{APIS[api][2]}={shlex.quote(key)}\n".encode(), 0o600),
             PROMPT: (prompt.encode(), 0o600),
         }
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
-            f"{BUNDLE_MOUNT}/bin/cline --json -P {PROVIDER} -m {shlex.quote(cfg.model)} --data-dir {DATA} "
+            f"{BUNDLE_MOUNT}/bin/cline --json -P {cfg.options.get('api', PROVIDER)} -m {shlex.quote(cfg.model)} "
+            f"--data-dir {DATA} "
             f'--config {HOME}/config --hooks-dir {HOME}/config/hooks "$(cat {PROMPT})" '
             f"< /dev/null > {STDOUT} 2> {STDERR}"
         )
