@@ -28,6 +28,7 @@ HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "qwen-code": {"api": ("openai", "openai-responses", "anthropic", "gemini")},  # server/agents/qwen_code.py: APIS
     "kimi-cli": {"api": ("openai_legacy", "openai_responses")},  # server/agents/kimi_cli.py: APIS
     "cline": {"api": ("openai-compatible", "openai-native", "anthropic")},  # server/agents/cline.py: APIS
+    "kilocode": {"api": ("@ai-sdk/openai-compatible", "@ai-sdk/openai", "@ai-sdk/anthropic")},  # opencode.py: APIS
     "mistral-vibe": {"api": ("openai", "openai-responses", "anthropic")},  # server/agents/mistral_vibe.py: APIS
 }
 

@@ -427,3 +427,18 @@ def test_cline_speaks_each_of_its_providers_to_the_capture(api, base, key_env):
     assert providers["providers"][api]["settings"]["baseUrl"] == f"http://127.0.0.1:9/capture{base}"
     assert files["/home/agent/.capture.env"][0] == f"{key_env}=sgk-secret\n".encode()
     assert f"--json -P {api} " in h.command(cfg)
+
+
+@pytest.mark.parametrize(
+    ("api", "base"), [("@ai-sdk/openai-compatible", "/v1"), ("@ai-sdk/openai", "/v1"), ("@ai-sdk/anthropic", "/v1")]
+)
+def test_kilocode_speaks_each_built_in_provider_to_the_capture(api, base):
+    from swe_gym_env.wire import RolloutRequest
+
+    assert RolloutRequest(harness="kilocode", harness_options={"api": api}).harness_options == {"api": api}
+    cfg = AgentConfig(**{**CFG.__dict__, "options": {"api": api}})
+    files = get_harness("kilocode").config_files(cfg, "sgk-secret", "fix it")
+    provider = json.loads(files["/home/agent/.kilo-run/config/kilo/kilo.json"][0])["provider"]["capture"]
+    assert provider["npm"] == api and provider["options"]["baseURL"] == f"http://127.0.0.1:9/capture{base}"
+    with pytest.raises(ValueError):
+        RolloutRequest(harness="opencode", harness_options={"api": api})  # OpenCode offers none (not measured)

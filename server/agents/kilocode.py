@@ -11,7 +11,9 @@ Offline and hermetic, beyond OpenCode's switches: its built-in `kilo` gateway pr
 and every other provider are off (`enabled_providers` names only ours); telemetry off (`KILO_TELEMETRY_LEVEL=off`);
 no codebase indexing, session ingest, presence, Claude Code compatibility (`~/.claude`, a repo's `.claude/`) or
 external skills. `--auto` approves its tool calls (there is no one to ask). No plugin install happens at start, so
-none is pre-seeded.
+none is pre-seeded. Its provider's AI SDK package is the harness option `api` (opencode.APIS):
+`@ai-sdk/openai-compatible` (chat, the default), `@ai-sdk/openai` (Responses) or `@ai-sdk/anthropic`, all built
+into its binary.
 """
 
 from __future__ import annotations

@@ -43,6 +43,15 @@ SWITCHES = (
     "DISABLE_LSP_DOWNLOAD",
     "DISABLE_SHARE",
 )
+# the AI SDK providers built into its binary that /capture speaks (harness option `api`, where wire.HARNESS_OPTIONS
+# offers it: Kilo Code) -> (the capture dialect, the base URL's suffix; each provider appends its own path). Not
+# `@ai-sdk/google`: it makes up its own tool-call ids (Gemini's are dropped), so no call can be matched to the capture
+APIS = {
+    "@ai-sdk/openai-compatible": ("openai-chat", "/v1"),
+    "@ai-sdk/openai": ("openai-responses", "/v1"),
+    "@ai-sdk/anthropic": ("anthropic-messages", "/v1"),
+}
+DEFAULT_API = "@ai-sdk/openai-compatible"
 UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
 
 
@@ -77,13 +86,14 @@ class OpenCodeHarness(NativeBinaryHarness):
     log_path = STDERR
 
     def config(self, cfg: AgentConfig) -> dict:
+        api = cfg.options.get("api", DEFAULT_API)
         return {
             "$schema": self.schema,
             "provider": {
                 PROVIDER: {
-                    "npm": "@ai-sdk/openai-compatible",
+                    "npm": api,
                     "name": PROVIDER,
-                    "options": {"baseURL": f"{cfg.base_url}/v1", "apiKey": "{env:" + KEY_ENV + "}"},
+                    "options": {"baseURL": f"{cfg.base_url}{APIS[api][1]}", "apiKey": "{env:" + KEY_ENV + "}"},
                     "models": {
                         cfg.model: {
                             "name": cfg.model,
