@@ -12,6 +12,7 @@ command -v rg >/dev/null || need_apt+=(ripgrep)
 command -v fdfind >/dev/null || command -v fd >/dev/null || need_apt+=(fd-find)
 command -v git >/dev/null || need_apt+=(git)
 command -v patch >/dev/null || need_apt+=(patch)
+command -v strace >/dev/null || need_apt+=(strace)  # tests/test_five_harnesses.py: no lookup from an agent
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
