@@ -27,6 +27,7 @@ from the unpacked packages; the rest is the same layout, run the same way (`pyth
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -333,7 +334,23 @@ def _apt(conf: Path, *args: str, cwd: Path | None = None) -> str:
 
 def fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
     """``source``'s packages, fetched with a private apt configuration (this host's apt sources are untouched)
-    and unpacked into ``downloads/debian-<suite>/root``; that root."""
+    and unpacked into ``downloads/debian-<suite>/root``; that root. Several agents share one suite's folder, and
+    `setup --harness all` builds them side by side: one fetch at a time (a file lock: threads and processes alike),
+    and a root already unpacked for the same packages and mirror is used as it is."""
+    base = downloads / f"debian-{source.suite}"
+    base.mkdir(parents=True, exist_ok=True)
+    want = json.dumps([source.suite, source.version, sorted(source.packages), setting("debian_mirror")])
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = base / "root" / "SOURCE"
+        if done.is_file() and done.read_text() == want:
+            return base / "root"
+        root = _fetch_debian(source, downloads, log)
+        done.write_text(want)
+        return root
+
+
+def _fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
     if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
         raise AgentError(
             "install",
