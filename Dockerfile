@@ -70,7 +70,8 @@ RUN touch README.md \
 RUN if [ -n "$SWE_GYM_VLLM_MODEL" ]; then \
       python3 -m venv /home/user/vllm-venv && /home/user/vllm-venv/bin/pip install -q --no-cache-dir "vllm==${VLLM_VERSION}"; \
     fi
-# The tokenizer, the task runtime and every harness's bundle (npm, pip, ~2 GB), before the rest of the code: these
+# The tokenizer, the task runtime and the bundles of names.IMAGE_HARNESSES (npm, pip, ~2 GB; the newer five build on
+# first use), before the rest of the code: these
 # layers are keyed by the modules `swe-gym-env setup` imports (tests/test_space.py checks this list against them), so
 # a change elsewhere in the code does not rebuild them.
 ARG SETUP_SRC=/home/user/setup-src/swe_gym_env
@@ -79,13 +80,13 @@ COPY --chown=user server/__init__.py server/assets.py server/certify.py server/t
 COPY --chown=user server/templates/ ${SETUP_SRC}/server/templates/
 COPY --chown=user server/agents/ ${SETUP_SRC}/server/agents/
 COPY --chown=user server/sandbox/__init__.py server/sandbox/bundles.py server/sandbox/errors.py ${SETUP_SRC}/server/sandbox/
-RUN PYTHONPATH="$(dirname "$SETUP_SRC")" python3 -m swe_gym_env.cli setup --harness all \
+RUN PYTHONPATH="$(dirname "$SETUP_SRC")" python3 -m swe_gym_env.cli setup --harness image \
  && rm -rf "$(dirname "$SETUP_SRC")" /home/user/.npm /home/user/.cache/pip
 COPY --chown=user . .
 RUN /home/user/.uv/bin/uv sync --frozen --no-dev --extra server --extra model --python "$(command -v python3)" \
       --no-cache \
  && python3 -m compileall -q -j 0 -x '/\.[^/]|/tests/' /home/user/app >/dev/null \
- && swe-gym-env setup --harness all
+ && swe-gym-env setup --harness image
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD curl -fsS "http://127.0.0.1:${PORT}/health" || exit 1

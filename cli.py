@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swe_gym_env import procs
-from swe_gym_env.names import DEFAULT_HARNESS, DEFAULT_SANDBOX, HARNESSES, SANDBOXES
+from swe_gym_env.names import DEFAULT_HARNESS, DEFAULT_SANDBOX, HARNESSES, IMAGE_HARNESSES, SANDBOXES
 from swe_gym_env.procs import free_port
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -34,13 +34,16 @@ class SetupPlan:
 
 
 def setup_plan(harnesses: list[str] | None = None, everything: bool = False) -> SetupPlan:
-    """No option: what the demo needs (Pi). `--harness X` (repeatable; `all`: every harness): those. `--all`: every
-    harness and the pypi split. Whatever is left out a server installs on a rollout's first use."""
+    """No option: what the demo needs (Pi). `--harness X` (repeatable; `all`: every harness; `image`: the Space image's
+    own): those. `--all`: every harness and the pypi split. Whatever is left out a server installs on a rollout's
+    first use."""
     if everything:
         return SetupPlan(tuple(HARNESSES), pypi=True)
     names = list(harnesses or [DEFAULT_HARNESS])
     if "all" in names:
         names = list(HARNESSES)
+    if "image" in names:  # the Space image's own (names.IMAGE_HARNESSES), where the others would make it too big
+        names = [n for n in names if n != "image"] + list(IMAGE_HARNESSES)
     return SetupPlan(tuple(dict.fromkeys(names)))
 
 
@@ -498,8 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--harness",
         action="append",
-        choices=[*HARNESSES, "all"],
-        help="this harness instead of Pi (repeatable; `all`: every harness)",
+        choices=[*HARNESSES, "all", "image"],
+        help="this harness instead of Pi (repeatable; `all`: every harness; `image`: those the Space image carries)",
     )
     s.add_argument("--all", action="store_true", help="every harness, and the pypi split with its task venvs")
     s.set_defaults(func=cmd_setup)

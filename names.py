@@ -43,6 +43,18 @@ HARNESSES: dict[str, Plugin] = {
     ),
 }
 
+# The harnesses whose bundles the Space image carries (`swe-gym-env setup --harness image`); the others are built on
+# a rollout's first use there, with progress (their five bundles are ~1.3 GB: the image grows by none of it).
+IMAGE_HARNESSES: tuple[str, ...] = (
+    "pi",
+    "opencode",
+    "codex",
+    "claude-code",
+    "gemini-cli",
+    "mini-swe-agent",
+    "openhands",
+)
+
 SANDBOXES: dict[str, Plugin] = {
     "local": Plugin("swe_gym_env.server.sandbox.local:LocalSandbox", "apt-get install bubblewrap; swe-gym-env setup"),
     "landlock": Plugin("swe_gym_env.server.sandbox.landlock:LandlockSandbox", "Linux >= 6.12 (Landlock ABI 6)"),

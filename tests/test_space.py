@@ -275,20 +275,22 @@ def _stage_setup_sources(dest: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_the_images_setup_layer_stages_every_module_setup_needs(tmp_path):
-    """The Dockerfile runs `swe-gym-env setup --harness all` on the modules its COPY lines stage, before the rest of
+    """The Dockerfile runs `swe-gym-env setup --harness image` on the modules its COPY lines stage, before the rest of
     the code, so a code change elsewhere does not rebuild ~2 GB of bundles. Staged the same way, the command must run
     to its end and name the very bundles the whole package finds: a module the list misses fails here, not in a
     Space's build, and a staged setup that keyed its bundles differently would show here too."""
+    from swe_gym_env.names import IMAGE_HARNESSES
     from swe_gym_env.server.agents.bundle import find_bundle
-    from swe_gym_env.server.agents.registry import HARNESSES, get_harness
+    from swe_gym_env.server.agents.registry import get_harness
 
-    bundles = {name: find_bundle(get_harness(name)) for name in HARNESSES}
+    assert "setup --harness image" in (REPO / "Dockerfile").read_text()
+    bundles = {name: find_bundle(get_harness(name)) for name in IMAGE_HARNESSES}
     require(all(bundles.values()), "not every harness is bundled: run `swe-gym-env setup --all`")
     sources = _stage_setup_sources(tmp_path)
     assert "server/agents/" in sources and "cli.py" in sources
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     code = "import runpy, sys, swe_gym_env; print('FROM', swe_gym_env.__file__, flush=True); "
-    code += "sys.argv = ['swe-gym-env', 'setup', '--harness', 'all']; "
+    code += "sys.argv = ['swe-gym-env', 'setup', '--harness', 'image']; "
     code += "runpy.run_module('swe_gym_env.cli', run_name='__main__')"
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
