@@ -35,10 +35,10 @@ TESTS_DIR = f"{GRADING_DIR}/tests"  # the run's copies of the test patch's files
 LAUNCHER = f"{GUARD_DIR}/swe_gym_launch.py"
 RESOLVE_FAILED = ">>>>> Grading Setup Failed"
 FIXED_TIME = 1_600_000_000  # every file's and folder's mtime and atime before the tests start
-# Every run carries these two steps right after the test patch: the run's test files go in place (the same paths in
-# every run), then every time under the tree and the grading folder is set to one instant.
-# Then no copy of a test file's text is left outside the tree (the run's copies, the test patch, the model patch): a
-# switch comparing the copies with the test patch would tell the canary run apart without opening a file of the tree.
+# Every run carries these two steps right after the test patch. TESTS_STEP: the run's test files go in place (the same
+# paths in every run), then no copy of a test file's text is left outside the tree (the run's copies, the test patch,
+# the model patch: a switch comparing the copies with the test patch would tell the canary run apart without opening
+# a file of the tree). NORMALISE: every time under the tree and the grading folder is set to one instant.
 TESTS_STEP = f"cp -R {TESTS_DIR}/. . && rm -rf {TESTS_DIR} {GRADING_DIR}/test.patch {GRADING_DIR}/model.patch || exit 3"
 NORMALISE = f"find . {GRADING_DIR} -xdev -exec touch -h -d @{FIXED_TIME} {{}} + 2>/dev/null; :"
 PY_SH = '"$(command -v python || command -v python3)"'
@@ -170,9 +170,8 @@ def eval_script(task: Task, has_patch: bool, guard: Guarded | None) -> str:
     targets = [*task.test_targets()]
     if guard is not None:
         cmd = _guarded_command(task)
-        extra = [*guard.extra_args()]
         resolve = [_resolve(cmd, targets)]
-        run = cmd.launch("run", [*extra]) + " " + " ".join(map(q, targets))
+        run = cmd.launch("run", guard.extra_args()) + " " + " ".join(map(q, targets))
     else:
         resolve = []
         run = f"{task.test_cmd} {' '.join(map(q, targets))}"
