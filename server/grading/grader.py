@@ -144,7 +144,6 @@ async def _run_tests(
         clock.lap("grade.env")
         await sbx.write_file(f"{GRADING_DIR}/model.patch", patch.encode())
         await sbx.write_file(f"{GRADING_DIR}/test.patch", task.test_patch.encode())
-        await sbx.exec(f"mkdir -p {TESTS_DIR}", timeout=60)
         for path, data in sorted((test_files or {}).items()):
             await sbx.write_file(f"{TESTS_DIR}/{path}", data)
         if guard is not None:

@@ -39,7 +39,10 @@ FIXED_TIME = 1_600_000_000  # every file's and folder's mtime and atime before t
 # paths in every run), then no copy of a test file's text is left outside the tree (the run's copies, the test patch,
 # the model patch: a switch comparing the copies with the test patch would tell the canary run apart without opening
 # a file of the tree). NORMALISE: every time under the tree and the grading folder is set to one instant.
-TESTS_STEP = f"cp -R {TESTS_DIR}/. . && rm -rf {TESTS_DIR} {GRADING_DIR}/test.patch {GRADING_DIR}/model.patch || exit 3"
+TESTS_STEP = (
+    f"mkdir -p {TESTS_DIR} && cp -R {TESTS_DIR}/. . "
+    f"&& rm -rf {TESTS_DIR} {GRADING_DIR}/test.patch {GRADING_DIR}/model.patch || exit 3"
+)
 NORMALISE = f"find . {GRADING_DIR} -xdev -exec touch -h -d @{FIXED_TIME} {{}} + 2>/dev/null; :"
 PY_SH = '"$(command -v python || command -v python3)"'
 _PY_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)*)?$")

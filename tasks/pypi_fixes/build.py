@@ -312,7 +312,6 @@ async def measure(task, log=print) -> tuple[list[str], list[str], list[str]]:
     on every test kept."""
     from swe_gym_env.server.grading import Guarded, eval_script, load_swebench, make_test_spec, parse_junit
     from swe_gym_env.server.grading import junit_key as key_of
-    from swe_gym_env.server.grading.script import TESTS_DIR
     from swe_gym_env.server.sandbox.base import SandboxSpec
     from swe_gym_env.server.sandbox.registry import create_sandbox
     from swe_gym_env.tasks.envs import ensure_env
@@ -329,7 +328,6 @@ async def measure(task, log=print) -> tuple[list[str], list[str], list[str]]:
             await ensure_env(sbx, probe)
             await sbx.write_file("/tmp/grading/model.patch", patch.encode())
             await sbx.write_file("/tmp/grading/test.patch", task.test_patch.encode())
-            await sbx.exec(f"mkdir -p {TESTS_DIR}", timeout=60)
             await guard.install(sbx)
             await sbx.write_file("/tmp/grading/eval.sh", eval_script(probe, bool(patch), guard).encode(), 0o700)
             res = await sbx.exec("bash /tmp/grading/eval.sh", timeout=900)
