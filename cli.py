@@ -12,9 +12,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from swe_gym_env import procs
-from swe_gym_env.names import DEFAULT_HARNESS, DEFAULT_SANDBOX, HARNESSES, IMAGE_HARNESSES, SANDBOXES
-from swe_gym_env.procs import free_port
+from swe_gym_env.core import procs
+from swe_gym_env.core.names import DEFAULT_HARNESS, DEFAULT_SANDBOX, HARNESSES, IMAGE_HARNESSES, SANDBOXES
+from swe_gym_env.core.procs import free_port
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # the README's two commands, shown by `swe-gym-env` with no command
@@ -107,11 +107,11 @@ def cmd_setup(args: argparse.Namespace) -> int:
 def cmd_engine(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from swe_gym_env.core.settings import current
     from swe_gym_env.server.assets import tokenizer_file
     from swe_gym_env.server.engine.app import Engine, create_engine_app
     from swe_gym_env.server.engine.chat import ChatRenderer
     from swe_gym_env.server.engine.policy import make_policy
-    from swe_gym_env.settings import current
 
     settings = current()
     policy = make_policy(args.policy)
@@ -295,10 +295,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from swe_gym_env.core.settings import setting
     from swe_gym_env.server.agents.bundle import bundle_status
     from swe_gym_env.server.agents.registry import get_harness
     from swe_gym_env.server.info import gather_info
-    from swe_gym_env.settings import setting
 
     _apply_engine_args(args)
     out = asyncio.run(gather_info(setting("engine_url")))  # as `serve` may have set it
@@ -318,7 +318,7 @@ def cmd_parity(argv: list[str]) -> int:
         from swe_gym_env.client.parity import main as parity_main
 
         return parity_main(argv)
-    from swe_gym_env.settings import current
+    from swe_gym_env.core.settings import current
 
     configured = current().trainer_python
     trainer = str(configured) if configured else None
@@ -343,7 +343,7 @@ def cmd_parity(argv: list[str]) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Every setting, its value and where it came from (default, environment, .env); secrets only as set / unset."""
-    from swe_gym_env import settings as S
+    from swe_gym_env.core import settings as S
 
     if args.markdown:
         print(S.markdown(), end="")
@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     helping = any(a in ("-h", "--help") for a in argv[:2])
     if argv[0] != "config" and not helping:
-        from swe_gym_env.settings import SettingsError, startup
+        from swe_gym_env.core.settings import SettingsError, startup
 
         try:  # once, before anything starts: a bad value stops here, naming the variable
             startup()

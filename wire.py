@@ -1,6 +1,6 @@
 """Wire models: everything that crosses a process boundary (MCP tool arguments and results, client payloads).
 
-This module imports nothing but pydantic and the stdlib-only name list `swe_gym_env.names`, so `swe_gym_env.client`
+This module imports nothing but pydantic and the stdlib-only name list `swe_gym_env.core.names`, so `swe_gym_env.client`
 can use it without the server's dependencies.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from swe_gym_env.names import HARNESSES, SANDBOXES
+from swe_gym_env.core.names import HARNESSES, SANDBOXES
 
 Phase = Literal["validate", "task", "session", "install", "boot", "agent", "diff", "grade", "done"]
 # Built from the one list of names (a Literal built at run time: static checkers see these as unknown)
@@ -23,13 +23,13 @@ AUTO_SANDBOX = "auto"  # a request's default: the server resolves it to the firs
 HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "pi": {
         "api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"),
-        "compaction": ("off", "on"),  # off by default (server/agents/pi.py: compaction)
+        "compaction": ("off", "on"),  # off by default (server/agents/harnesses/pi.py: compaction)
     },
-    "qwen-code": {"api": ("openai", "openai-responses", "anthropic", "gemini")},  # server/agents/qwen_code.py: APIS
-    "kimi-cli": {"api": ("openai_legacy", "openai_responses")},  # server/agents/kimi_cli.py: APIS
-    "cline": {"api": ("openai-compatible", "openai-native", "anthropic")},  # server/agents/cline.py: APIS
+    "qwen-code": {"api": ("openai", "openai-responses", "anthropic", "gemini")},  # harnesses/qwen_code.py: APIS
+    "kimi-cli": {"api": ("openai_legacy", "openai_responses")},  # harnesses/kimi_cli.py: APIS
+    "cline": {"api": ("openai-compatible", "openai-native", "anthropic")},  # harnesses/cline.py: APIS
     "kilocode": {"api": ("@ai-sdk/openai-compatible", "@ai-sdk/openai", "@ai-sdk/anthropic")},  # opencode.py: APIS
-    "mistral-vibe": {"api": ("openai", "openai-responses", "anthropic")},  # server/agents/mistral_vibe.py: APIS
+    "mistral-vibe": {"api": ("openai", "openai-responses", "anthropic")},  # harnesses/mistral_vibe.py: APIS
 }
 
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from swe_gym_env import procs
 from swe_gym_env.benchmarks import emit, pct, stack
+from swe_gym_env.core import procs
 
 CONCURRENCY = (1, 64, 256)
 SIZES = (1000, 8000)

@@ -196,7 +196,7 @@ def run(
 ) -> int:
     """Exit 0 when every harness's rollouts ran (errors are counted, not fatal); 1 when there was nothing to run
     or every rollout of a harness errored; 2 on a bad argument."""
-    from swe_gym_env.names import HARNESSES
+    from swe_gym_env.core.names import HARNESSES
 
     harnesses = [h.strip() for h in harness.split(",") if h.strip()]
     unknown = [h for h in harnesses if h not in HARNESSES]

@@ -20,9 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-from swe_gym_env import procs
 from swe_gym_env.benchmarks import emit, pct
 from swe_gym_env.benchmarks.result import Agent
+from swe_gym_env.core import procs
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.rollout.record import RunState

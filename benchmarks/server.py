@@ -14,7 +14,7 @@ from contextlib import ExitStack
 
 from swe_gym_env.benchmarks import emit
 from swe_gym_env.benchmarks.stack import rss_kib, server, start
-from swe_gym_env.procs import free_port
+from swe_gym_env.core.procs import free_port
 
 BARE = (
     "import sys, uvicorn\n"

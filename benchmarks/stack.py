@@ -1,5 +1,5 @@
 """What the benches run against: the built-in engine and the server as processes on free loopback ports, stopped
-when the bench's ExitStack closes (started with `swe_gym_env.procs`)."""
+when the bench's ExitStack closes (started with `swe_gym_env.core.procs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 
-from swe_gym_env import procs
+from swe_gym_env.core import procs
 
 ME = [sys.executable, "-m", "swe_gym_env.cli"]
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swe_gym_env.names import SANDBOXES
+from swe_gym_env.core.names import SANDBOXES
 from swe_gym_env.server.sandbox.base import SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.landlock import CAPTURE_PORT_FILE
 from swe_gym_env.server.sandbox.preflight import preflight

@@ -23,6 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.engine.builtin import builtin_engine
@@ -46,7 +47,6 @@ from swe_gym_env.server.security import (
     read_refusal,
 )
 from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
-from swe_gym_env.settings import setting
 from swe_gym_env.wire import RolloutStatus
 
 CAPTURE_DIR_PREFIX = "swe-gym-capture-"

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from importlib.resources import as_file, files
 from pathlib import Path
 
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 
 _extracted = ExitStack()  # package files copied out of a zipped install live until the process exits
 atexit.register(_extracted.close)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 
 if TYPE_CHECKING:
     from swe_gym_env.server.capture.store import CaptureStore

@@ -1,7 +1,7 @@
 """Who may start work and who may administer, and the limits that keep a public Space from being abused.
 
 Everything comes from the environment (on a Space: Space variables and secrets), read through the settings model
-(`swe_gym_env.settings.setting`, each value checked alone; ``SPACE_ID`` is Hugging Face's, not a setting). Tokens are
+(`core.settings.setting`, each value checked alone; ``SPACE_ID`` is Hugging Face's, not a setting). Tokens are
 compared in constant time and are never logged, returned or put in a tool schema. When no access token is configured
 (a local, loopback-only server) starting work is open.
 
@@ -63,7 +63,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 
 ACCESS_ENV = "SWE_GYM_ACCESS_TOKEN"
 ADMIN_ENV = "SWE_GYM_ADMIN_KEY"

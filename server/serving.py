@@ -22,8 +22,8 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.security import log_refusal
-from swe_gym_env.settings import setting
 
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 26\r\nconnection: close\r\n\r\n"

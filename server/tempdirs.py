@@ -10,7 +10,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 
 SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: a unix socket's path is at most this many bytes
 OWNED_NAME_MAX = 7 + 1 + 8  # what owned_dir adds to its prefix: <pid>-<mkdtemp's 8 characters>

@@ -4,7 +4,7 @@ server started next. vLLM runs in its own process group and is stopped with the 
 
 vLLM itself is found as ``$SWE_GYM_VLLM_PYTHON``, else this interpreter when it has vllm, else the ``.vllm-venv`` of
 the checkout (scripts/setup_vllm.sh: the CPU build, which is how this is tested here; the checkout is
-``$SWE_GYM_CHECKOUT``, else the current directory or a parent of it: see `swe_gym_env.procs.checkout_dir`).
+``$SWE_GYM_CHECKOUT``, else the current directory or a parent of it: see `swe_gym_env.core.procs.checkout_dir`).
 ``vllm serve`` is broken in the CPU build, so the module entry point is used.
 """
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import httpx
 
-from swe_gym_env import procs
+from swe_gym_env.core import procs
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.certify import probe_body
 from swe_gym_env.server.tempdirs import socket_base
-from swe_gym_env.settings import setting
 
 CAPTURE_FLAGS = ["--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs", "--enable-auto-tool-choice"]
 VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}

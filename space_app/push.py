@@ -14,7 +14,7 @@ What it sends, in order (``--dry-run`` prints exactly this, secret values redact
 5. ``request_space_hardware`` when ``--hardware`` is given.
 
 The project is read from a source checkout (``root``: ``--root``, else ``$SWE_GYM_CHECKOUT``, else the current directory
-or a parent of it; see `swe_gym_env.procs.checkout_dir`), never from where this module happens to be installed.
+or a parent of it; see `swe_gym_env.core.procs.checkout_dir`), never from where this module happens to be installed.
 The HF client is injected (``api``), so tests pass a recording fake checked against the real ``HfApi``.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swe_gym_env import procs
-from swe_gym_env.settings import describe, secret_names
+from swe_gym_env.core import procs
+from swe_gym_env.core.settings import describe, secret_names
 
 REPO_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$"
 
@@ -285,7 +285,7 @@ def push(
     log: Callable[[str], None] = print,
 ) -> int:
     """The `push` command: 0 on success, 2 when refused (the reason printed). ``root``: the checkout to upload
-    (default: `swe_gym_env.procs.checkout_dir`)."""
+    (default: `swe_gym_env.core.procs.checkout_dir`)."""
     try:
         root = root or _checkout()
         plan = build_plan(

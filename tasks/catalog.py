@@ -6,7 +6,7 @@ from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 from swe_gym_env.tasks.loaders import LoadReport, load_tasks
 from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import TaskPage

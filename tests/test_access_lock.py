@@ -10,7 +10,7 @@ from fastapi import HTTPException
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
-from swe_gym_env import procs
+from swe_gym_env.core import procs
 from swe_gym_env.server import security
 
 from helpers import ME, STARTUP_S

@@ -27,8 +27,8 @@ from swe_gym_env.server.agents.bundle import (
     require_bundle,
     verify_bundle,
 )
-from swe_gym_env.server.agents.opencode import OpenCodeHarness
-from swe_gym_env.server.agents.pi import PiHarness
+from swe_gym_env.server.agents.harnesses.opencode import OpenCodeHarness
+from swe_gym_env.server.agents.harnesses.pi import PiHarness
 from swe_gym_env.server.assets import task_runtime_dir
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.bundles import glibc_problem, glibc_version

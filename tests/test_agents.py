@@ -16,7 +16,7 @@ from conftest import require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents.bundle import find_bundle
-from swe_gym_env.server.agents.mini_swe_agent import MiniSweAgentHarness
+from swe_gym_env.server.agents.harnesses.mini_swe_agent import MiniSweAgentHarness
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import Stack, rows_match_export

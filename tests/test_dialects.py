@@ -26,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, compile_path
 
-from swe_gym_env.server.agents.pi import PiHarness
-from swe_gym_env.server.agents.pi_apis import PI_APIS, pi_base_url, pi_provider
+from swe_gym_env.server.agents.harnesses.pi import PiHarness
+from swe_gym_env.server.agents.harnesses.pi_apis import PI_APIS, pi_base_url, pi_provider
 from swe_gym_env.server.capture import DIALECTS, CaptureProxy, EngineTarget
 from swe_gym_env.server.capture.dialect import DialectRoute
 from swe_gym_env.server.capture.store import CaptureStore

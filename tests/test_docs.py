@@ -226,7 +226,7 @@ def test_readme_python_snippets_run_against_a_server(tmp_path):
 
 
 def test_harness_table_has_a_row_per_harness_matching_the_classes():
-    from swe_gym_env.names import HARNESSES
+    from swe_gym_env.core.names import HARNESSES
     from swe_gym_env.server.agents.registry import harness_class
 
     rows = [line for line in (REPO / "docs" / "harnesses.md").read_text().splitlines() if line.startswith("| ")][2:]

@@ -26,11 +26,11 @@ from conftest import require
 from leaks import Snapshot, owned_temp, processes_mentioning, wait_no_leaks
 
 from swe_gym_env.client.mcp_client import SweGymClient
-from swe_gym_env.procs import free_port, wait_healthy
+from swe_gym_env.core.procs import free_port, wait_healthy
 from swe_gym_env.server.agents.base import AgentConfig
 from swe_gym_env.server.agents.bundle import find_bundle
-from swe_gym_env.server.agents.mini_swe_agent import MiniSweAgentHarness
-from swe_gym_env.server.agents.pi import PiHarness
+from swe_gym_env.server.agents.harnesses.mini_swe_agent import MiniSweAgentHarness
+from swe_gym_env.server.agents.harnesses.pi import PiHarness
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.server.assets import tokenizer_file

@@ -24,7 +24,7 @@ import pytest
 from conftest import require
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
-from swe_gym_env.server.agents.kimi_cli import LAUNCHER as KimiLauncher
+from swe_gym_env.server.agents.harnesses.kimi_cli import LAUNCHER as KimiLauncher
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.sandbox.base import RELAY_PORT
 
@@ -176,7 +176,7 @@ def test_kilocode_names_only_our_provider_with_every_switch_and_telemetry_off():
 
 
 def test_qwen_code_settings_switch_off_every_helper_call_and_outside_traffic():
-    from swe_gym_env.server.agents.qwen_code import told_window
+    from swe_gym_env.server.agents.harnesses.qwen_code import told_window
 
     h = get_harness("qwen-code")
     files = h.config_files(CFG, "sgk-secret", "fix it")

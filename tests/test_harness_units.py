@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError, AgentOutcome, AgentStep, reconcile
-from swe_gym_env.server.agents.claude_code import ClaudeCodeHarness
-from swe_gym_env.server.agents.codex import CodexHarness
-from swe_gym_env.server.agents.gemini_cli import GeminiCliHarness
-from swe_gym_env.server.agents.opencode import OpenCodeHarness
-from swe_gym_env.server.agents.pi import PiHarness
+from swe_gym_env.server.agents.harnesses.claude_code import ClaudeCodeHarness
+from swe_gym_env.server.agents.harnesses.codex import CodexHarness
+from swe_gym_env.server.agents.harnesses.gemini_cli import GeminiCliHarness
+from swe_gym_env.server.agents.harnesses.opencode import OpenCodeHarness
+from swe_gym_env.server.agents.harnesses.pi import PiHarness
 from swe_gym_env.server.agents.registry import HARNESSES, get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.wire import Turn

@@ -199,7 +199,7 @@ def test_restarted_emulator_sees_its_jobs_and_sigterm_removes_them(tmp_path: Pat
     import httpx
     from hf_emulator.fixture import RUN, TOKEN, HFEmulator, docker_usable, venv_python
 
-    from swe_gym_env import procs
+    from swe_gym_env.core import procs
 
     require(docker_usable() and image_present(IMAGE), f"docker with {IMAGE} needed")
     port = procs.free_port()

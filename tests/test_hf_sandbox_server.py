@@ -21,7 +21,7 @@ from huggingface_hub import HfApi, JobInfo
 from huggingface_hub._sandbox import Sandbox, SandboxFiles, _derive_sandbox_token, _SandboxServer
 from huggingface_hub.errors import SandboxCommandError, SandboxError
 
-from swe_gym_env.procs import free_port
+from swe_gym_env.core.procs import free_port
 
 IMAGE = "swe-gym-env-standin/sweb.eval.x86_64.uiri_s_toml-0.10.2"
 DOMAIN = "hfjobs.test"

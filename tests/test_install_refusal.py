@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from swe_gym_env.server.agents import provision, pyruntime
-from swe_gym_env.server.agents.mini_swe_agent import MiniSweAgentHarness
-from swe_gym_env.server.agents.pi import PiHarness
+from swe_gym_env.server.agents.harnesses.mini_swe_agent import MiniSweAgentHarness
+from swe_gym_env.server.agents.harnesses.pi import PiHarness
 
 # answers the two questions install_refusal asks a Python: its version, and whether it has pip
 FAKE_PYTHON = """#!/bin/sh
@@ -92,7 +92,7 @@ def test_the_pip_downloads_are_where_the_python_harness_fetches_its_pip(monkeypa
 
 
 def test_openhands_needs_apt_get_and_dpkg_deb_for_its_debian_runtime_not_the_source_python(host, monkeypatch):
-    from swe_gym_env.server.agents.openhands import OpenHandsHarness
+    from swe_gym_env.server.agents.harnesses.openhands import OpenHandsHarness
 
     oh = OpenHandsHarness()
     monkeypatch.setenv("FAKE_VERSION", "3.9")  # the host runtime's source Python is beside the point here

@@ -21,7 +21,7 @@ from conftest import require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents.base import AgentError
-from swe_gym_env.server.agents.openhands import OpenHandsHarness
+from swe_gym_env.server.agents.harnesses.openhands import OpenHandsHarness
 from swe_gym_env.server.sandbox import confine, landlock
 from swe_gym_env.server.sandbox.registry import backend_class
 

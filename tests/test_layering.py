@@ -87,7 +87,7 @@ def test_wire_loads_only_pydantic():
     assert loaded_after("import swe_gym_env.wire") <= {"swe_gym_env", *pydantic}
 
 
-@pytest.mark.parametrize("module", ["swe_gym_env.names", "swe_gym_env.procs"])
+@pytest.mark.parametrize("module", ["swe_gym_env.core.names", "swe_gym_env.core.procs"])
 def test_names_and_procs_are_stdlib_only(module):
     assert loaded_after(f"import {module}") == {"swe_gym_env"}
 
@@ -104,7 +104,8 @@ def test_runtime_code_reads_no_files_next_to_its_source():
 
 # -- the one list of names --------------------------------------------------------------------------------------
 def test_registries_wire_and_cli_take_the_names_from_one_list():
-    from swe_gym_env import cli, names, wire
+    from swe_gym_env import cli, wire
+    from swe_gym_env.core import names
     from swe_gym_env.server.agents.registry import HARNESSES, harness_class
     from swe_gym_env.server.sandbox.base import SandboxBase
     from swe_gym_env.server.sandbox.registry import BACKENDS, backend_class

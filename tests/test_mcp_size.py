@@ -86,7 +86,7 @@ def npm_package(spec: str) -> Path:
 
 @pytest.fixture(scope="module")
 def long(tmp_path_factory):
-    from swe_gym_env.server.agents.pi import PiHarness
+    from swe_gym_env.server.agents.harnesses.pi import PiHarness
 
     require(shutil.which("node") is not None and shutil.which("bwrap") is not None, "node or bubblewrap missing")
     require(PiHarness().cli_js(PiHarness().install_dir()).is_file(), "Pi not installed: run `swe-gym-env setup`")

@@ -18,7 +18,7 @@ from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.bundle import _copy_in
-from swe_gym_env.server.agents.mini_swe_agent import NET, PRUNED, MiniSweAgentHarness, without
+from swe_gym_env.server.agents.harnesses.mini_swe_agent import NET, PRUNED, MiniSweAgentHarness, without
 from swe_gym_env.server.engine.policy import SUBMIT_COMMAND, OraclePolicy
 from swe_gym_env.tasks.catalog import bundled_tasks
 

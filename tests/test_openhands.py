@@ -27,7 +27,7 @@ from conftest import docker_ready, require
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
-from swe_gym_env.server.agents.openhands import NET, PY, OpenHandsHarness
+from swe_gym_env.server.agents.harnesses.openhands import NET, PY, OpenHandsHarness
 from swe_gym_env.server.sandbox.registry import backend_class
 
 from helpers import Stack, full_turns, rows_match_export
@@ -359,7 +359,7 @@ def hostile_engine(long: bool):
     """tests/test_faults.py's HostileEngine, its process started here: with a 32k context, or as it is (8192)."""
     from test_faults import HOSTILE, HostileEngine
 
-    from swe_gym_env.procs import free_port, wait_healthy
+    from swe_gym_env.core.procs import free_port, wait_healthy
 
     engine = object.__new__(HostileEngine)
     engine.port = free_port()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import longest_first
 
-from swe_gym_env import procs
+from swe_gym_env.core import procs
 
 from helpers import check_listener, listener_pids
 

@@ -16,10 +16,10 @@ from conftest import require
 from test_agent_bundles import ToyHarness as BundleToyHarness
 
 from swe_gym_env.cli import SetupPlan, setup_plan
-from swe_gym_env.names import DEFAULT_HARNESS, HARNESSES
+from swe_gym_env.core.names import DEFAULT_HARNESS, HARNESSES
 from swe_gym_env.server.agents import provision
 from swe_gym_env.server.agents.bundle import find_bundle
-from swe_gym_env.server.agents.pi import PiHarness
+from swe_gym_env.server.agents.harnesses.pi import PiHarness
 from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
 from swe_gym_env.server.capture import EngineTarget
 from swe_gym_env.server.rollout import ServerConfig

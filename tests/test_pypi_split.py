@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import once_per_run, require
 
-from swe_gym_env.procs import file_lock
+from swe_gym_env.core.procs import file_lock
 from swe_gym_env.server.grading import grade
 from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox

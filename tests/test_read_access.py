@@ -24,8 +24,8 @@ import websockets
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
-from swe_gym_env import procs
-from swe_gym_env.procs import free_port
+from swe_gym_env.core import procs
+from swe_gym_env.core.procs import free_port
 from swe_gym_env.wire import RolloutResult, SequenceRef, Turn
 
 TOKEN = "tok-" + uuid.uuid4().hex

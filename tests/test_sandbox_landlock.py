@@ -23,7 +23,7 @@ from swe_gym_env.server.sandbox.landlock import preflight, probe
 DRIVER = r'''
 import asyncio, glob, json, os, shutil, sys, tempfile, time
 import httpx
-from swe_gym_env import procs
+from swe_gym_env.core import procs
 from swe_gym_env.server.sandbox.base import SandboxSpec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import bundled_tasks

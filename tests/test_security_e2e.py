@@ -23,7 +23,7 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from leaks import descendants
 
-from swe_gym_env.procs import wait_healthy
+from swe_gym_env.core.procs import wait_healthy
 from swe_gym_env.tasks.catalog import BUNDLED_DIR
 from swe_gym_env.tasks.loaders import load_tasks
 from swe_gym_env.wire import RolloutResult

@@ -9,8 +9,8 @@ import tempfile
 import pytest
 from fastmcp import Client
 
-from swe_gym_env import names
 from swe_gym_env.client.mcp_client import SweGymClient
+from swe_gym_env.core import names
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 from helpers import Stack, check_result_form, full_turns

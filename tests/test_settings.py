@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swe_gym_env import settings as S
+from swe_gym_env.core import settings as S
 from swe_gym_env.server.retention import parse_bytes
 from swe_gym_env.space_app import push
 
@@ -67,11 +67,11 @@ def test_every_swe_gym_name_in_the_code_is_a_setting_internal_or_a_marker():
         if name.endswith("_") and any(k.startswith(name) for k in known):  # a prefix: names built at run time
             continue
         unknown[name] = sorted(where)
-    assert not unknown, f"SWE_GYM_* names the settings model does not know (add them to settings.py): {unknown}"
+    assert not unknown, f"SWE_GYM_* names the settings model does not know (add them to core/settings.py): {unknown}"
 
 
 def test_families_are_built_from_the_backend_list():
-    from swe_gym_env.names import SANDBOXES
+    from swe_gym_env.core.names import SANDBOXES
 
     assert set(S.FAMILIES) == {f"SWE_GYM_MAX_ROLLOUTS_{b.upper().replace('-', '_')}" for b in SANDBOXES}
     s = S.build({"SWE_GYM_MAX_ROLLOUTS": "3", "SWE_GYM_MAX_ROLLOUTS_HF_POOL": "16"})
@@ -283,7 +283,7 @@ def test_no_server_code_reads_a_setting_from_os_environ_directly():
         for name in READ.findall(p.read_text(errors="replace")):
             if name in settings_and_families:
                 found.setdefault(rel, set()).add(name)
-    assert not found, f"read these through swe_gym_env.settings.setting: {found}"
+    assert not found, f"read these through swe_gym_env.core.settings.setting: {found}"
     source = (REPO / "server" / "security.py").read_text() + (REPO / "server" / "rollout" / "config.py").read_text()
     assert source.count("os.environ") == 1 and "os.environ.get(SPACE_ENV)" in source  # Hugging Face's, not ours
 
@@ -339,7 +339,7 @@ def test_a_secret_read_by_security_never_shows_in_an_error_or_in_config(monkeypa
 
 
 def test_max_rollouts_family_through_the_model_with_the_servers_own_message(monkeypatch):
-    from swe_gym_env.names import SANDBOXES
+    from swe_gym_env.core.names import SANDBOXES
     from swe_gym_env.server.rollout.config import concurrency_from_env
 
     for name in ("SWE_GYM_MAX_ROLLOUTS", *S.FAMILIES):

@@ -279,7 +279,7 @@ def test_the_images_setup_layer_stages_every_module_setup_needs(tmp_path):
     the code, so a code change elsewhere does not rebuild ~2 GB of bundles. Staged the same way, the command must run
     to its end and name the very bundles the whole package finds: a module the list misses fails here, not in a
     Space's build, and a staged setup that keyed its bundles differently would show here too."""
-    from swe_gym_env.names import IMAGE_HARNESSES
+    from swe_gym_env.core.names import IMAGE_HARNESSES
     from swe_gym_env.server.agents.bundle import find_bundle
     from swe_gym_env.server.agents.registry import get_harness
 

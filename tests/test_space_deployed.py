@@ -28,8 +28,8 @@ from conftest import CHROMIUM, CHROMIUM_ARGS, require
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
-from swe_gym_env import procs
-from swe_gym_env.procs import free_port
+from swe_gym_env.core import procs
+from swe_gym_env.core.procs import free_port
 from swe_gym_env.wire import RolloutResult
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]

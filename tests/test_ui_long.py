@@ -27,7 +27,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from swe_gym_env.procs import free_port
+from swe_gym_env.core.procs import free_port
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.rollout import RolloutRecord, RolloutService
 from swe_gym_env.server.rollout.config import ServerConfig

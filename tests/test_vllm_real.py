@@ -570,7 +570,7 @@ async def _tokenize_request(v: httpx.AsyncClient, request: dict) -> list[int]:
 )
 async def test_pi_on_every_api_gets_vllms_own_prompt_ids(vllm_url, vllm_stack, api):
     from swe_gym_env.client.mcp_client import SweGymClient
-    from swe_gym_env.server.agents.pi_apis import PI_APIS
+    from swe_gym_env.server.agents.harnesses.pi_apis import PI_APIS
 
     async with SweGymClient(vllm_stack.mcp_url) as c:
         result = await c.run_rollout(
@@ -588,7 +588,7 @@ async def test_pi_on_every_api_gets_vllms_own_prompt_ids(vllm_url, vllm_stack, a
 @pytest.mark.parametrize("api", ["openai-responses", "anthropic-messages", "google-generative-ai"])
 async def test_each_dialect_streamed_and_whole_gives_the_same_ids_on_real_vllm(vllm_url, api):
     """Pi's first recorded request in each translated dialect, streamed and not, seeded: the same ids both ways."""
-    from swe_gym_env.server.agents.pi import PiHarness
+    from swe_gym_env.server.agents.harnesses.pi import PiHarness
     from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 
     doc = json.loads((DIALECT_FIXTURES / f"pi-{PiHarness.version}-{api}-tools.json").read_text())
@@ -755,7 +755,7 @@ async def test_collected_from_vllms_stream_records_what_its_whole_reply_recorded
 def _pi_overflow_patterns() -> list[re.Pattern]:
     """Pi's own overflow detection (pi-ai's utils/overflow.js in the installed bundle): what makes Pi compact."""
     from swe_gym_env.server.agents.bundle import find_bundle
-    from swe_gym_env.server.agents.pi import PiHarness
+    from swe_gym_env.server.agents.harnesses.pi import PiHarness
 
     bundle = find_bundle(PiHarness())
     require(bundle is not None, "Pi's bundle: run `swe-gym-env setup`")

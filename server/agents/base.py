@@ -158,7 +158,7 @@ class NpmArtifact:
 
 
 class Harness(Protocol):
-    """One agent CLI. Its name is its row in `swe_gym_env.names.HARNESSES`; what it needs of a sandbox is said by
+    """One agent CLI. Its name is its row in `swe_gym_env.core.names.HARNESSES`; what it needs of a sandbox is said by
     class attributes (read them, never probe the class with hasattr)."""
 
     name: ClassVar[str]

@@ -28,12 +28,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from swe_gym_env.names import HARNESSES as _NAMES
-from swe_gym_env.procs import file_lock
+from swe_gym_env.core.names import HARNESSES as _NAMES
+from swe_gym_env.core.procs import file_lock
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AgentError, Harness
 from swe_gym_env.server.agents.bundle import Bundle, build_bundle, bundles_dir, ensure_bundle, find_bundle
-from swe_gym_env.settings import setting
 
 INSTALL_ON_USE_ENV = "SWE_GYM_INSTALL_ON_USE"  # "0" / "false" / "no" / "off": never install on first use
 SETUP_ALL = "swe-gym-env setup --all"
@@ -48,7 +48,7 @@ def install_on_use_from_env() -> bool:
 
 
 def setup_command(name: str) -> str:
-    """The command that installs harness ``name`` ahead of time (its row in `swe_gym_env.names.HARNESSES`)."""
+    """The command that installs harness ``name`` ahead of time (its row in `swe_gym_env.core.names.HARNESSES`)."""
     return _NAMES[name].install if name in _NAMES else f"swe-gym-env setup --harness {name}"
 
 

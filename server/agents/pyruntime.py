@@ -38,8 +38,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.agents.base import AgentError
-from swe_gym_env.settings import setting
 
 FORMAT = 1  # how the runtime is laid out and pruned: a change here rebuilds the bundles that carry one
 SOURCE_ENV = "SWE_GYM_AGENT_PYTHON"

@@ -1,4 +1,4 @@
-"""Harnesses by name. The names and where each class lives are `swe_gym_env.names.HARNESSES` (the one list);
+"""Harnesses by name. The names and where each class lives are `swe_gym_env.core.names.HARNESSES` (the one list);
 a class is imported on first use. Adding an agent is one class plus one row there."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from swe_gym_env.names import HARNESSES as _NAMES
+from swe_gym_env.core.names import HARNESSES as _NAMES
 from swe_gym_env.server.agents.base import AgentError, Harness
 
 _loaded: dict[str, type[Harness]] = {}

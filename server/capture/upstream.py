@@ -15,7 +15,7 @@ from typing import Protocol
 
 import orjson
 
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 
 STALE_RETRIES = 3  # a request on a kept-alive connection the engine had closed is sent again, this many times at most
 

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from swe_gym_env.procs import free_port
-from swe_gym_env.settings import setting
+from swe_gym_env.core.procs import free_port
+from swe_gym_env.core.settings import setting
 
 BUILTIN_ENGINE_ENV = "SWE_GYM_BUILTIN_ENGINE"  # set while the built-in engine is the default engine: its policy
 START_TIMEOUT_S = 60.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import swe_gym_env.server.grading.store as store
-from swe_gym_env.settings import setting
+from swe_gym_env.core.settings import setting
 from swe_gym_env.tasks.models import Task
 
 # None: the settings' SWE_GYM_GRADING_TIMEOUT_FLOOR_S / _MULTIPLE (120 s, 5), read when a timeout is sized; tests may

@@ -1,7 +1,7 @@
 """What grading measured of a task, on disk: run times and empty-patch baselines per image and sandbox kind, and the
 task's mutation canaries (with the gold run's runtime events). One JSON file per task, keyed by the task's content
 (a digest of everything that decides its verdict), so a restarted server, or another server sharing the folder, starts
-with what an earlier one measured. Writers hold a file lock (`swe_gym_env.procs.file_lock`) and replace the file
+with what an earlier one measured. Writers hold a file lock (`swe_gym_env.core.procs.file_lock`) and replace the file
 atomically; readers never see half a file.
 
 The folder is `$SWE_GYM_DATA_DIR/grading` where that is set, else `<cache dir>/grading`.
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from swe_gym_env.procs import file_lock
-from swe_gym_env.settings import setting
+from swe_gym_env.core.procs import file_lock
+from swe_gym_env.core.settings import setting
 from swe_gym_env.tasks.models import Task
 
 VERSION = 2  # 2: the launcher, the base tree, gold statuses (earlier records are rebuilt)

@@ -37,7 +37,7 @@ __all__ = ["ENV_NAME", "OpenEnvCompat", "OpenEnvMCPBridge", "Sessions", "install
 
 
 def _env_settings() -> tuple[float, int, float]:
-    from swe_gym_env.settings import setting
+    from swe_gym_env.core.settings import setting
 
     return (
         setting("openenv_session_idle_s"),

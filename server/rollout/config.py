@@ -1,17 +1,17 @@
 """Server configuration of the rollout service (engines, stores, limits), from the settings model
-(`swe_gym_env.settings`)."""
+(`swe_gym_env.core.settings`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swe_gym_env.names import SANDBOXES
+from swe_gym_env.core.names import SANDBOXES
+from swe_gym_env.core.settings import max_rollouts
 from swe_gym_env.server.capture import EngineTarget
 from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
 from swe_gym_env.server.retention import RetentionSettings
 from swe_gym_env.server.security import engine_allowlist
-from swe_gym_env.settings import max_rollouts
 
 
 def concurrency_from_env() -> dict[str, int]:
@@ -47,9 +47,9 @@ class ServerConfig:
     @classmethod
     def from_env(cls) -> ServerConfig:
         """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
+        from swe_gym_env.core.settings import setting
         from swe_gym_env.server.agents.provision import install_on_use_from_env
         from swe_gym_env.server.assets import cache_dir
-        from swe_gym_env.settings import setting
 
         key = setting("engine_api_key")
         engine = EngineTarget(

@@ -35,6 +35,7 @@ import time
 import uuid
 from pathlib import Path
 
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.assets import task_runtime_dir
 from swe_gym_env.server.sandbox.base import (
     LABEL_PREFIX,
@@ -50,7 +51,6 @@ from swe_gym_env.server.sandbox.base import (
 )
 from swe_gym_env.server.sandbox.local import RELAY_SCRIPT, RUNTIME_MOUNT, SOCKET_DIR
 from swe_gym_env.server.tempdirs import owner_dead, server_id
-from swe_gym_env.settings import setting
 
 BUNDLE_MOUNT = "/opt/swe-gym/repo"
 HOME = "/home/agent"

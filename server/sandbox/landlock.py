@@ -66,6 +66,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.assets import cache_dir, package_file, task_runtime_dir
 from swe_gym_env.server.sandbox import cgroups, confine
 from swe_gym_env.server.sandbox.base import (
@@ -77,7 +78,6 @@ from swe_gym_env.server.sandbox.base import (
 from swe_gym_env.server.sandbox.local import ETC_FILES, JOIN_CGROUPS, RUNTIME_MOUNT, LocalSandbox
 from swe_gym_env.server.tempdirs import owned_dir
 from swe_gym_env.server.tempdirs import reap_orphans as reap_dirs
-from swe_gym_env.settings import setting
 
 CONFINE = package_file("swe_gym_env.server.sandbox", "confine.py")
 DIR_PREFIX = "swe-gym-ll-"

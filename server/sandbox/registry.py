@@ -1,5 +1,5 @@
 """Sandbox backends by name. The names, where each class lives and what it needs installed are
-`swe_gym_env.names.SANDBOXES` (the one list): adding a backend is a class with `create(spec)` plus one row there.
+`swe_gym_env.core.names.SANDBOXES` (the one list): adding a backend is a class with `create(spec)` plus one row there.
 
 Classes are imported on first use (optional SDKs load lazily).
 Every sandbox gets this server's id, incarnation, host and pid as labels, so `reap_orphans` can find what a
@@ -15,7 +15,7 @@ import logging
 import os
 import re
 
-from swe_gym_env.names import SANDBOXES
+from swe_gym_env.core.names import SANDBOXES
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxBase, SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.tempdirs import HOST, INCARNATION, server_id
 

@@ -13,9 +13,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+from swe_gym_env.core.settings import setting
 from swe_gym_env.server.sandbox.base import ExecResult, clip
 from swe_gym_env.server.sandbox.errors import SandboxGone
-from swe_gym_env.settings import setting
 
 STATE_DIR = "/tmp/.swe-gym"
 POLL_S = 1.0  # the longest wait between polls; the first comes after FIRST_POLL_S, doubling up to it

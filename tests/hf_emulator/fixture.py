@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from swe_gym_env import procs
+from swe_gym_env.core import procs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

@@ -26,7 +26,7 @@ import httpx
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from swe_gym_env.procs import free_port
+from swe_gym_env.core.procs import free_port
 
 SERVER_PORT = 49983  # the SDK's SANDBOX_SERVER_PORT: expose URLs must contain "--49983."
 USER_ID = "6650f0c0ffee0000000000e1"  # whoami's id; every job's owner and initiator

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ids", type=int, default=256, help="job ids to pre-allocate in the hosts file")
     args = parser.parse_args(argv)
     if not args.port:
-        from swe_gym_env.procs import free_port
+        from swe_gym_env.core.procs import free_port
 
         args.port = free_port()
     state = Path(args.state_dir).resolve()

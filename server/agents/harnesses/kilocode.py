@@ -2,7 +2,7 @@
 
 Kilo Code's CLI is an OpenCode fork: the same provider config (its own file, `$XDG_CONFIG_HOME/kilo/kilo.json`), the
 same `run` events (`step_start … step_finish` per model call, with its token counts; `error` events), the same
-`<PREFIX>_DISABLE_*` switches with its own prefix. So it is OpenCode's harness (server/agents/opencode.py) with its
+`<PREFIX>_DISABLE_*` switches with its own prefix. So it is OpenCode's harness (harnesses/opencode.py) with its
 names: only the platform package is installed (`@kilocode/cli-linux-x64`, pinned at a version npm serves: 7.8.1's is
 not served), and its bundle holds that Bun binary and the static ripgrep, as OpenCode's does — not the package's web
 console, tree-sitter grammars (codebase indexing only, switched off) or its own bwrap sandbox.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from swe_gym_env.server.agents.base import AGENT_HOME, AgentConfig
-from swe_gym_env.server.agents.opencode import PROVIDER, OpenCodeHarness
+from swe_gym_env.server.agents.harnesses.opencode import PROVIDER, OpenCodeHarness
 
 
 class KiloCodeHarness(OpenCodeHarness):

@@ -1,7 +1,7 @@
 """Qwen Code (`@qwen-code/qwen-code`), run headless: `qwen --yolo -o stream-json --auth-type openai`, prompt on stdin,
 OpenAI chat (`/capture/v1/chat/completions`).
 
-A gemini-cli fork, so gemini-cli's harness (server/agents/gemini_cli.py) with its names: installed with
+A gemini-cli fork, so gemini-cli's harness (server/agents/harnesses/gemini_cli.py) with its names: installed with
 `--omit=optional` (its optional native modules — a pty, a clipboard, audio capture, sharp — are neither built nor
 used), run on the bundle's Node 22 (it needs >= 22), our settings as the system settings
 (`QWEN_CODE_SYSTEM_SETTINGS_PATH`, over user and workspace settings key by key) and the user settings of a private
@@ -39,7 +39,7 @@ from swe_gym_env.server.agents.base import (
     settle_errors,
 )
 from swe_gym_env.server.agents.bundle import NODE, RIPGREP
-from swe_gym_env.server.agents.gemini_cli import NO_MCP, UNREACHABLE, GeminiCliHarness
+from swe_gym_env.server.agents.harnesses.gemini_cli import NO_MCP, UNREACHABLE, GeminiCliHarness
 
 QWEN_HOME = f"{AGENT_HOME}/.qwen-home"
 # its auth types that /capture speaks (harness option `api`) -> the capture dialect each is recorded in

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, PrivateAttr, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from swe_gym_env.names import SANDBOXES
+from swe_gym_env.core.names import SANDBOXES
 
 PREFIX = "SWE_GYM_"
 ENV_FILE = ".env"

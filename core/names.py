@@ -18,30 +18,27 @@ class Plugin(NamedTuple):
     install: str  # what to install when the class cannot load (its SDK, binary or daemon is missing)
 
 
-HARNESSES: dict[str, Plugin] = {
-    "pi": Plugin("swe_gym_env.server.agents.pi:PiHarness", "swe-gym-env setup --harness pi"),
-    "opencode": Plugin("swe_gym_env.server.agents.opencode:OpenCodeHarness", "swe-gym-env setup --harness opencode"),
-    "codex": Plugin("swe_gym_env.server.agents.codex:CodexHarness", "swe-gym-env setup --harness codex"),
-    "claude-code": Plugin(
-        "swe_gym_env.server.agents.claude_code:ClaudeCodeHarness", "swe-gym-env setup --harness claude-code"
-    ),
-    "gemini-cli": Plugin(
-        "swe_gym_env.server.agents.gemini_cli:GeminiCliHarness", "swe-gym-env setup --harness gemini-cli"
-    ),
-    "mini-swe-agent": Plugin(
-        "swe_gym_env.server.agents.mini_swe_agent:MiniSweAgentHarness", "swe-gym-env setup --harness mini-swe-agent"
-    ),
-    "openhands": Plugin(
-        "swe_gym_env.server.agents.openhands:OpenHandsHarness", "swe-gym-env setup --harness openhands"
-    ),
-    "kilocode": Plugin("swe_gym_env.server.agents.kilocode:KiloCodeHarness", "swe-gym-env setup --harness kilocode"),
-    "qwen-code": Plugin("swe_gym_env.server.agents.qwen_code:QwenCodeHarness", "swe-gym-env setup --harness qwen-code"),
-    "cline": Plugin("swe_gym_env.server.agents.cline:ClineHarness", "swe-gym-env setup --harness cline"),
-    "kimi-cli": Plugin("swe_gym_env.server.agents.kimi_cli:KimiCliHarness", "swe-gym-env setup --harness kimi-cli"),
-    "mistral-vibe": Plugin(
-        "swe_gym_env.server.agents.mistral_vibe:MistralVibeHarness", "swe-gym-env setup --harness mistral-vibe"
-    ),
-}
+def _harness(name: str, module: str, cls: str) -> tuple[str, Plugin]:
+    """A harness's row: its class in `server/agents/harnesses/<module>.py`, installed by `setup --harness <name>`."""
+    return name, Plugin(f"swe_gym_env.server.agents.harnesses.{module}:{cls}", f"swe-gym-env setup --harness {name}")
+
+
+HARNESSES: dict[str, Plugin] = dict(
+    [
+        _harness("pi", "pi", "PiHarness"),
+        _harness("opencode", "opencode", "OpenCodeHarness"),
+        _harness("codex", "codex", "CodexHarness"),
+        _harness("claude-code", "claude_code", "ClaudeCodeHarness"),
+        _harness("gemini-cli", "gemini_cli", "GeminiCliHarness"),
+        _harness("mini-swe-agent", "mini_swe_agent", "MiniSweAgentHarness"),
+        _harness("openhands", "openhands", "OpenHandsHarness"),
+        _harness("kilocode", "kilocode", "KiloCodeHarness"),
+        _harness("qwen-code", "qwen_code", "QwenCodeHarness"),
+        _harness("cline", "cline", "ClineHarness"),
+        _harness("kimi-cli", "kimi_cli", "KimiCliHarness"),
+        _harness("mistral-vibe", "mistral_vibe", "MistralVibeHarness"),
+    ]
+)
 
 # The harnesses whose bundles the Space image carries (`swe-gym-env setup --harness image`); the others are built on
 # a rollout's first use there, with progress (their five bundles are ~1.3 GB: the image grows by none of it).

@@ -56,7 +56,7 @@ def _call_id(call: dict) -> str:
 
 
 class GeminiCliHarness(BundledHarness):
-    """gemini-cli, and the base of its forks (Qwen Code: server/agents/qwen_code.py): installed the same way, run on the
+    """gemini-cli, and the base of its forks (Qwen Code: harnesses/qwen_code.py): installed the same way, run on the
     bundle's Node with settings of ours and a key from an env file, its transcript copied to a fixed path while it
     runs. A fork names its entry file, settings, environment, flags and transcript; it parses its own record."""
 

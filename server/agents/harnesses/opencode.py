@@ -56,7 +56,7 @@ UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "
 
 
 class OpenCodeHarness(NativeBinaryHarness):
-    """OpenCode, and the base of its forks (Kilo Code: server/agents/kilocode.py), which differ only in what the class
+    """OpenCode, and the base of its forks (Kilo Code: harnesses/kilocode.py), which differ only in what the class
     attributes below name: the binary, its environment's prefix, its config file, where its run keeps its files."""
 
     name: ClassVar[str] = "opencode"

@@ -24,7 +24,7 @@ from swe_gym_env.server.agents.base import (
     npm_install,
 )
 from swe_gym_env.server.agents.bundle import NODE, BundledHarness
-from swe_gym_env.server.agents.pi_apis import DEFAULT_API, PI_APIS, capture_tool_call_id, pi_provider
+from swe_gym_env.server.agents.harnesses.pi_apis import DEFAULT_API, PI_APIS, capture_tool_call_id, pi_provider
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
