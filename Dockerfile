@@ -75,8 +75,10 @@ RUN if [ -n "$SWE_GYM_VLLM_MODEL" ]; then \
 # layers are keyed by the modules `swe-gym-env setup` imports (tests/test_space.py checks this list against them), so
 # a change elsewhere in the code does not rebuild them.
 ARG SETUP_SRC=/home/user/setup-src/swe_gym_env
-COPY --chown=user __init__.py cli.py core/names.py core/procs.py core/settings.py wire.py ${SETUP_SRC}/
-COPY --chown=user server/__init__.py server/assets.py server/certify.py server/tempdirs.py server/vllm_launcher.py ${SETUP_SRC}/server/
+COPY --chown=user __init__.py cli.py wire.py ${SETUP_SRC}/
+COPY --chown=user core/ ${SETUP_SRC}/core/
+COPY --chown=user server/__init__.py ${SETUP_SRC}/server/
+COPY --chown=user server/engine/__init__.py server/engine/certify.py server/engine/vllm_launcher.py ${SETUP_SRC}/server/engine/
 COPY --chown=user server/templates/ ${SETUP_SRC}/server/templates/
 COPY --chown=user server/agents/ ${SETUP_SRC}/server/agents/
 COPY --chown=user server/sandbox/__init__.py server/sandbox/bundles.py server/sandbox/errors.py ${SETUP_SRC}/server/sandbox/

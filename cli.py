@@ -51,9 +51,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
+    from swe_gym_env.core.assets import ensure_task_runtime, ensure_tokenizer
     from swe_gym_env.server.agents import provision
     from swe_gym_env.server.agents.registry import get_harness
-    from swe_gym_env.server.assets import ensure_task_runtime, ensure_tokenizer
 
     plan = setup_plan(args.harness, args.all)
     t0 = time.monotonic()
@@ -107,8 +107,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
 def cmd_engine(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from swe_gym_env.core.assets import tokenizer_file
     from swe_gym_env.core.settings import current
-    from swe_gym_env.server.assets import tokenizer_file
     from swe_gym_env.server.engine.app import Engine, create_engine_app
     from swe_gym_env.server.engine.chat import ChatRenderer
     from swe_gym_env.server.engine.policy import make_policy
@@ -143,8 +143,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.engine_model:
         os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
     from swe_gym_env.server.engine.builtin import builtin_unless_configured
+    from swe_gym_env.server.engine.vllm_launcher import vllm_engine
     from swe_gym_env.server.sandbox.preflight import preflight_all, summary_lines
-    from swe_gym_env.server.vllm_launcher import vllm_engine
 
     def log(line: str) -> None:
         print(f"swe-gym-env serve: {line}", file=sys.stderr, flush=True)
@@ -228,7 +228,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from swe_gym_env.server.validate import validate
+    from swe_gym_env.commands.validate import validate
 
     return asyncio.run(validate(args.dataset, args.split, args.sandbox, args.limit))
 
@@ -244,8 +244,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
+    from swe_gym_env.commands.runner import local_service
     from swe_gym_env.server.rollout import ServerConfig
-    from swe_gym_env.server.runner import local_service
     from swe_gym_env.wire import RolloutRequest
 
     _apply_engine_args(args)
@@ -289,16 +289,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from swe_gym_env.server.export import export_results
+    from swe_gym_env.commands.export import export_results
 
     return export_results(args.out, args.to_hub, args.only_ok)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from swe_gym_env.commands.info import gather_info
     from swe_gym_env.core.settings import setting
     from swe_gym_env.server.agents.bundle import bundle_status
     from swe_gym_env.server.agents.registry import get_harness
-    from swe_gym_env.server.info import gather_info
 
     _apply_engine_args(args)
     out = asyncio.run(gather_info(setting("engine_url")))  # as `serve` may have set it
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         "server runs the built-in engine (NOT a model: scripted oracle replies, for demos)",
     )
     v.add_argument("--engine-model", help="served model name; default $SWE_GYM_ENGINE_MODEL or " + DEFAULT_MODEL)
-    from swe_gym_env.server.vllm_launcher import add_arguments as add_vllm_arguments
+    from swe_gym_env.server.engine.vllm_launcher import add_arguments as add_vllm_arguments
 
     add_vllm_arguments(v)
     v.set_defaults(func=cmd_serve)

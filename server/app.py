@@ -24,13 +24,14 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from swe_gym_env.core.settings import setting
+from swe_gym_env.core.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.engine.builtin import builtin_engine
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
-from swe_gym_env.server.result_pages import accepts_gzip, file_chunks, parse_range
+from swe_gym_env.server.results.pages import accepts_gzip, file_chunks, parse_range
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 from swe_gym_env.server.rollout.service import freeze_startup_heap
 from swe_gym_env.server.sandbox.hf_pool import close_pools
@@ -46,7 +47,6 @@ from swe_gym_env.server.security import (
     read_mode,
     read_refusal,
 )
-from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.wire import RolloutStatus
 
 CAPTURE_DIR_PREFIX = "swe-gym-capture-"

@@ -34,7 +34,7 @@ from swe_gym_env.result_form import expand
 from swe_gym_env.server.agents.registry import HARNESSES, harness_info
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.grading.variants import task_page as impossible_page
-from swe_gym_env.server.result_pages import (
+from swe_gym_env.server.results.pages import (
     PAGE_URI,
     RESULT_URI,
     SUMMARY_BYTES,

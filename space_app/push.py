@@ -238,7 +238,7 @@ def _stage(files: list[tuple[str, Path | bytes]], into: Path) -> None:
 
 
 def token_file(repo_id: str) -> Path:
-    from swe_gym_env.server.assets import cache_dir
+    from swe_gym_env.core.assets import cache_dir
 
     return cache_dir() / "spaces" / (repo_id.replace("/", "__") + ".access-token")
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swe_gym_env.core.assets import cache_dir, task_runtime_dir
 from swe_gym_env.core.procs import file_lock
-from swe_gym_env.server.assets import cache_dir, task_runtime_dir
 from swe_gym_env.server.sandbox.local import RUNTIME_MOUNT
 from swe_gym_env.tasks.models import InstallConfig, Task
 

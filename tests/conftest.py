@@ -16,9 +16,9 @@ import pytest
 from hf_emulator.fixture import hf_emulator  # noqa: F401  (the HF Jobs emulator, session scope)
 
 from swe_gym_env.core import procs
+from swe_gym_env.core.assets import task_runtime_dir, tokenizer_dir
 from swe_gym_env.server.agents.harnesses.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.harnesses.pi import PiHarness
-from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REPO = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ import httpx
 import uvicorn
 
 from swe_gym_env.core import procs
+from swe_gym_env.core.assets import tokenizer_file
 from swe_gym_env.core.procs import free_port
-from swe_gym_env.server.assets import tokenizer_file
 from swe_gym_env.server.engine.app import Engine, create_engine_app
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import make_policy

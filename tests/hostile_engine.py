@@ -27,9 +27,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from swe_gym_env.server.assets import tokenizer_file
-from swe_gym_env.server.certify import PROBE
+from swe_gym_env.core.assets import tokenizer_file
 from swe_gym_env.server.engine.app import Engine
+from swe_gym_env.server.engine.certify import PROBE
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import DONE, OraclePolicy, Policy, Reply
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-OWNED_PREFIXES = ("swe-gym-sbx-", "swe-gym-ll-", "swe-gym-capture-")  # server/tempdirs.py: `<prefix><pid>-…`
+OWNED_PREFIXES = ("swe-gym-sbx-", "swe-gym-ll-", "swe-gym-capture-")  # core/tempdirs.py: `<prefix><pid>-…`
 
 
 def _read(path: str) -> str:

@@ -1,5 +1,5 @@
 """A starting server abandons only what servers that are gone left open, never a live server's work on the same data
-dir (server/owners.py): capture sessions (`CaptureStore.abandon_open`), `.running` rollouts and half-written
+dir (core/owners.py): capture sessions (`CaptureStore.abandon_open`), `.running` rollouts and half-written
 temporary files (`ResultsStore.recover`). Owners are real processes holding the real stores; the dead one is killed
 with SIGKILL, so it runs no cleanup at all."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swe_gym_env.server import owners
+from swe_gym_env.core import owners
 from swe_gym_env.server.capture.store import CaptureStore
-from swe_gym_env.server.results import ResultsStore
+from swe_gym_env.server.results.store import ResultsStore
 from swe_gym_env.wire import RolloutRequest
 
 # a server's stores in a process of its own: opens a capture session, marks a rollout running (phase agent) and leaves a
@@ -28,7 +28,7 @@ OWNER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from swe_gym_env.server.capture.store import CaptureStore
-    from swe_gym_env.server.results import ResultsStore
+    from swe_gym_env.server.results.store import ResultsStore
     from swe_gym_env.wire import RolloutRequest
 
     data, name = Path(sys.argv[1]), sys.argv[2]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import require
 
+from swe_gym_env.core.assets import task_runtime_dir
 from swe_gym_env.server.agents import bundle as bundles
 from swe_gym_env.server.agents.base import BUNDLE_MOUNT
 from swe_gym_env.server.agents.bundle import (
@@ -29,7 +30,6 @@ from swe_gym_env.server.agents.bundle import (
 )
 from swe_gym_env.server.agents.harnesses.opencode import OpenCodeHarness
 from swe_gym_env.server.agents.harnesses.pi import PiHarness
-from swe_gym_env.server.assets import task_runtime_dir
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.bundles import glibc_problem, glibc_version
 from swe_gym_env.server.sandbox.docker import default_image
@@ -290,7 +290,7 @@ def nonode_stack(no_node_split, real_bundles, need_tokenizer_module):
 
 @pytest.fixture(scope="module")
 def need_tokenizer_module() -> None:
-    from swe_gym_env.server.assets import tokenizer_dir
+    from swe_gym_env.core.assets import tokenizer_dir
 
     require((tokenizer_dir() / "tokenizer.json").is_file(), "tokenizer not prepared: run `swe-gym-env setup`")
 

@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route
 
 from swe_gym_env.server.capture import DIALECTS, CaptureProxy, EngineTarget, request_text
 from swe_gym_env.server.capture.dialect import AgentRequest, DialectError, DialectRoute
-from swe_gym_env.server.capture.openai_chat import ChatDialect
+from swe_gym_env.server.capture.dialects.openai_chat import ChatDialect
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.capture.upstream import HttpxUpstream
 from swe_gym_env.tasks.catalog import bundled_tasks

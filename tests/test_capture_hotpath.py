@@ -11,8 +11,8 @@ import pytest
 
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.capture.dialect import CapturedCall, DialectError
+from swe_gym_env.server.capture.dialects.openai_chat import ChatDialect, ChatStream, StreamAccumulator
 from swe_gym_env.server.capture.ids import cut_prompt_ids, parse_id_list
-from swe_gym_env.server.capture.openai_chat import ChatDialect, ChatStream, StreamAccumulator
 from swe_gym_env.server.capture.streaming import stream_through
 
 from helpers import full_turns

@@ -5,10 +5,10 @@ The real-vLLM side (tokens + processed, and raw logprobs refused for `train`) is
 
 import pytest
 
-from swe_gym_env.server.assets import tokenizer_file
+from swe_gym_env.core.assets import tokenizer_file
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
-from swe_gym_env.server.certify import certify
 from swe_gym_env.server.engine.app import Engine, create_engine_app
+from swe_gym_env.server.engine.certify import certify
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import make_policy
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
@@ -55,7 +55,7 @@ async def test_unreachable_engine_is_a_validate_failure():
 @pytest.mark.integration
 @pytest.mark.usefixtures("need_pi")
 async def test_eval_against_an_engine_without_ids_runs_black_box(tmp_path):
-    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.commands.runner import local_service
 
     with Served(engine_at("text")) as url:
         config = ServerConfig(engines={"default": EngineTarget(f"{url}/v1", MODEL)}, results_dir=tmp_path / "results")

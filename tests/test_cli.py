@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from swe_gym_env.commands import export as export_mod
 from swe_gym_env.core import procs
-from swe_gym_env.server import export as export_mod
 
 from helpers import ME
 

@@ -30,8 +30,8 @@ from swe_gym_env.server.agents.harnesses.pi import PiHarness
 from swe_gym_env.server.agents.harnesses.pi_apis import PI_APIS, pi_base_url, pi_provider
 from swe_gym_env.server.capture import DIALECTS, CaptureProxy, EngineTarget
 from swe_gym_env.server.capture.dialect import DialectRoute
+from swe_gym_env.server.capture.dialects.translated import TranslatedDialect
 from swe_gym_env.server.capture.store import CaptureStore
-from swe_gym_env.server.capture.translated import TranslatedDialect
 from swe_gym_env.server.capture.upstream import HttpxUpstream
 from swe_gym_env.wire import HARNESS_OPTIONS, RolloutRequest, Turn
 
@@ -661,7 +661,7 @@ def test_harness_options_are_validated_and_pi_gets_a_provider_per_api():
 
 
 async def test_info_lists_the_dialects_and_their_routes():
-    from swe_gym_env.server.info import gather_info
+    from swe_gym_env.commands.info import gather_info
 
     info = await gather_info(None)
     assert list(info["dialects"]) == ["openai-chat", "openai-responses", "anthropic-messages", "gemini"]

@@ -26,6 +26,7 @@ from conftest import require
 from leaks import Snapshot, owned_temp, processes_mentioning, wait_no_leaks
 
 from swe_gym_env.client.mcp_client import SweGymClient
+from swe_gym_env.core.assets import tokenizer_file
 from swe_gym_env.core.procs import free_port, wait_healthy
 from swe_gym_env.server.agents.base import AgentConfig
 from swe_gym_env.server.agents.bundle import find_bundle
@@ -33,9 +34,8 @@ from swe_gym_env.server.agents.harnesses.mini_swe_agent import MiniSweAgentHarne
 from swe_gym_env.server.agents.harnesses.pi import PiHarness
 from swe_gym_env.server.agents.registry import HARNESSES
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
-from swe_gym_env.server.assets import tokenizer_file
-from swe_gym_env.server.certify import PROBE
 from swe_gym_env.server.engine.app import Engine, create_engine_app
+from swe_gym_env.server.engine.certify import PROBE
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import OraclePolicy
 from swe_gym_env.server.sandbox.base import SandboxSpec

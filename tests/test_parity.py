@@ -31,7 +31,7 @@ import pytest
 from conftest import require
 
 from swe_gym_env.client.parity import TOLERANCES, load_rollouts, sampling_of, shift_of
-from swe_gym_env.server.assets import tokenizer_dir
+from swe_gym_env.core.assets import tokenizer_dir
 from swe_gym_env.wire import RolloutResult, RolloutStatus, RolloutSummary, Turn
 
 from helpers import ME, MODEL, Stack, full_turns, rows_match_export

@@ -16,11 +16,11 @@ from conftest import require
 from test_agent_bundles import ToyHarness as BundleToyHarness
 
 from swe_gym_env.cli import SetupPlan, setup_plan
+from swe_gym_env.core.assets import task_runtime_dir, tokenizer_dir
 from swe_gym_env.core.names import DEFAULT_HARNESS, HARNESSES
 from swe_gym_env.server.agents import provision
 from swe_gym_env.server.agents.bundle import find_bundle
 from swe_gym_env.server.agents.harnesses.pi import PiHarness
-from swe_gym_env.server.assets import task_runtime_dir, tokenizer_dir
 from swe_gym_env.server.capture import EngineTarget
 from swe_gym_env.server.rollout import ServerConfig
 from swe_gym_env.wire import RolloutRequest
@@ -147,7 +147,7 @@ def empty_home(tmp_path: Path, monkeypatch) -> ServerConfig:
 async def test_a_missing_harness_the_server_may_not_install_fails_at_validate_naming_the_command(
     harness, tmp_path, monkeypatch
 ):
-    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.commands.runner import local_service
 
     config = empty_home(tmp_path, monkeypatch)
     async with local_service(config) as service:
@@ -159,7 +159,7 @@ async def test_a_missing_harness_the_server_may_not_install_fails_at_validate_na
 
 @pytest.mark.anyio
 async def test_without_npm_a_missing_harness_fails_at_validate_too(tmp_path, monkeypatch):
-    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.commands.runner import local_service
 
     config = empty_home(tmp_path, monkeypatch)
     config.install_on_use = True
@@ -179,7 +179,7 @@ def link_pi(home: Path, real) -> None:
 
 @pytest.mark.anyio
 async def test_an_unbuilt_pypi_split_the_server_may_not_build_fails_at_validate(tmp_path, monkeypatch):
-    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.commands.runner import local_service
 
     real = find_bundle(PiHarness())
     require(real is not None, "Pi's bundle is not built: run `swe-gym-env setup`")
@@ -194,7 +194,7 @@ async def test_an_unbuilt_pypi_split_the_server_may_not_build_fails_at_validate(
 @pytest.mark.anyio
 @pytest.mark.usefixtures("need_tokenizer")
 async def test_an_unbuilt_task_env_the_server_may_not_build_fails_at_validate(tmp_path, monkeypatch):
-    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.commands.runner import local_service
     from swe_gym_env.tasks.pypi_fixes.build import out_dir
 
     from helpers import Served, engine_app
@@ -268,7 +268,7 @@ def test_the_demo_on_a_cache_without_pi_installs_it_on_first_use_and_is_rewarded
 async def test_a_python_harness_the_server_cannot_build_fails_at_validate_for_its_own_reason(tmp_path, monkeypatch):
     """mini-swe-agent is built with a Python, ldd and pip, not npm: a server whose source Python does not run says
     so at validate (before: it passed validate on npm alone and failed later, in the install)."""
-    from swe_gym_env.server.runner import local_service
+    from swe_gym_env.commands.runner import local_service
 
     config = empty_home(tmp_path, monkeypatch)
     config.install_on_use = True

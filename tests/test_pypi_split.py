@@ -41,7 +41,7 @@ def pypi_split(tmp_path_factory) -> tuple[Task, ...]:
 
 
 def _build_pypi_split() -> None:
-    from swe_gym_env.server.assets import task_runtime_dir
+    from swe_gym_env.core.assets import task_runtime_dir
     from swe_gym_env.tasks.catalog import pypi_tasks
     from swe_gym_env.tasks.envs import EnvError, build_env, env_ready
     from swe_gym_env.tasks.pypi_fixes import build
@@ -79,7 +79,7 @@ def _build_pypi_images(tasks: tuple[Task, ...]) -> None:
 
 
 def standin_lock() -> Path:
-    from swe_gym_env.server.assets import cache_dir
+    from swe_gym_env.core.assets import cache_dir
 
     return cache_dir() / "locks" / "standin-images.lock"
 

@@ -1,4 +1,4 @@
-"""Pages of a stored result and the bounded summary (server/result_pages.py), without a server: the pages' texts
+"""Pages of a stored result and the bounded summary (server/results/pages.py), without a server: the pages' texts
 joined are the file byte for byte, each page's JSON-escaped text stays within its limit, and a summary of a result with
 pathological findings and pages stays within the tool-result bound."""
 
@@ -10,8 +10,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swe_gym_env.server import result_pages
-from swe_gym_env.server.result_pages import SUMMARY_BYTES, Manifest, Manifests, parse_range, scan, summarize
+from swe_gym_env.server.results import pages as result_pages
+from swe_gym_env.server.results.pages import SUMMARY_BYTES, Manifest, Manifests, parse_range, scan, summarize
 from swe_gym_env.wire import Finding, ResultSummary, RolloutResult
 
 TEXT = st.text(alphabet=st.sampled_from(['"', "\\", "a", "é", "日", "\n", "\t", "1", "😀", " "]), max_size=3000)

@@ -18,8 +18,8 @@ from conftest import require
 
 from swe_gym_env.server.capture.graph import Node
 from swe_gym_env.server.capture.store import CaptureStore
-from swe_gym_env.server.results import INDEX_NAME, ResultsStore, disk_full
-from swe_gym_env.server.retention import GiB, Retention, RetentionSettings, parse_bytes
+from swe_gym_env.server.results.retention import GiB, Retention, RetentionSettings, parse_bytes
+from swe_gym_env.server.results.store import INDEX_NAME, ResultsStore, disk_full
 from swe_gym_env.wire import RolloutRequest, failed_result
 
 REQ = RolloutRequest()

@@ -25,7 +25,7 @@ from test_grading_adversary import GRADING_TIMEOUT_S, TIMEOUT_FLOOR_S, bed, chec
 from test_pypi_split import pypi_split  # noqa: F401 (fixture)
 
 from swe_gym_env.client.mcp_client import SweGymClient
-from swe_gym_env.server.assets import tokenizer_file
+from swe_gym_env.core.assets import tokenizer_file
 from swe_gym_env.server.engine.app import Engine, create_engine_app
 from swe_gym_env.server.engine.chat import ChatRenderer
 

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
+from swe_gym_env.core.tempdirs import HOST, INCARNATION, server_id
 from swe_gym_env.server.sandbox import docker as docker_backend
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.registry import create_sandbox
-from swe_gym_env.server.tempdirs import HOST, INCARNATION, server_id
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.usefixtures("need_docker", "need_sandbox")]

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swe_gym_env.core import settings as S
-from swe_gym_env.server.retention import parse_bytes
+from swe_gym_env.server.results.retention import parse_bytes
 from swe_gym_env.space_app import push
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,8 +129,8 @@ def test_empty_values_mean_unset_and_defaults_match_the_code():
     s = S.build({"SWE_GYM_CONTEXT_WINDOW": "", "SWE_GYM_ENGINE_URL": ""})
     assert s.context_window == 8192 and s.engine_url is None
     assert s.max_rollouts == 8 and s.retention_min_free_bytes == 2 * 1024**3 and s.ui is True
-    from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
-    from swe_gym_env.server.retention import RetentionSettings
+    from swe_gym_env.server.results.retention import RetentionSettings
+    from swe_gym_env.server.results.store import CACHE_BYTES, CACHE_ITEMS
 
     d = RetentionSettings()
     assert (s.result_cache_items, s.result_cache_bytes) == (CACHE_ITEMS, CACHE_BYTES)

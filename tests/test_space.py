@@ -388,7 +388,7 @@ async def _train_rollout(mcp_url: str):
 def test_serve_vllm_model_makes_vllm_the_default_engine(tmp_path, need_pi):
     import asyncio
 
-    from swe_gym_env.server.assets import TEMPLATE_PATH, tokenizer_dir
+    from swe_gym_env.core.assets import TEMPLATE_PATH, tokenizer_dir
 
     from helpers import ME, MODEL
 

@@ -21,7 +21,7 @@ from conftest import CHROMIUM, CHROMIUM_ARGS, require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.core import procs
-from swe_gym_env.server.assets import task_runtime_dir
+from swe_gym_env.core.assets import task_runtime_dir
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.engine.builtin import BUILTIN_ENGINE_ENV
 from swe_gym_env.server.rollout import RolloutService, ServerConfig

@@ -30,7 +30,7 @@ from conftest import require
 
 from swe_gym_env.cli import free_port
 from swe_gym_env.client.trl_adapter import REQUIRED_KEYS, env_reward_func, make_rollout_func, trl_output
-from swe_gym_env.server.assets import tokenizer_dir
+from swe_gym_env.core.assets import tokenizer_dir
 from swe_gym_env.wire import RolloutResult, SequenceRef, Turn
 
 from helpers import Stack

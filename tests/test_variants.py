@@ -296,7 +296,7 @@ async def test_a_rows_own_eval_script_carries_the_mutants_in_its_heredoc(own_sto
 async def test_validate_keeps_a_variant_only_where_the_gold_patch_scores_zero(own_store):
     """`validate`'s line for a task says `impossible: ok (gold 0.0)`; a stored "mutant" the gold patch passes (here a
     comment: no contradiction at all) is not kept, and says so; checked again, the real mutants are kept again."""
-    from swe_gym_env.server.validate import check_impossible, check_task
+    from swe_gym_env.commands.validate import check_impossible, check_task
 
     task = bundled_tasks()[0]
     verdict, detail = await check_task(task, "local")

@@ -40,7 +40,7 @@ from vllm_shapes import (
     stream_token_ids,
 )
 
-from swe_gym_env.server.assets import TEMPLATE_PATH, tokenizer_dir, tokenizer_file
+from swe_gym_env.core.assets import TEMPLATE_PATH, tokenizer_dir, tokenizer_file
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import OraclePolicy
 from swe_gym_env.server.rollout.agent_run import CONTEXT_LIMIT
@@ -458,7 +458,7 @@ async def test_recorded_shapes_match_live_vllm(vllm_url, name):
 
 
 async def test_certification_says_tokens_with_processed_logprobs(vllm_url):
-    from swe_gym_env.server.certify import certify
+    from swe_gym_env.server.engine.certify import certify
 
     cert = await certify(f"{vllm_url}/v1" if not vllm_url.endswith("/v1") else vllm_url)
     assert cert.reachable and cert.level == "tokens", cert
@@ -631,7 +631,7 @@ def raw_vllm_url(tmp_path_factory):
 
 async def test_train_rollout_is_refused_against_raw_logprobs(raw_vllm_url):
     from swe_gym_env.server.capture import CaptureProxy, EngineTarget
-    from swe_gym_env.server.certify import certify
+    from swe_gym_env.server.engine.certify import certify
     from swe_gym_env.server.rollout import RolloutService, ServerConfig
     from swe_gym_env.wire import RolloutRequest
 

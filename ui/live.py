@@ -208,7 +208,7 @@ async def follow(
 def _local_tokenizer():
     from tokenizers import Tokenizer
 
-    from swe_gym_env.server.assets import tokenizer_file
+    from swe_gym_env.core.assets import tokenizer_file
 
     return Tokenizer.from_file(str(tokenizer_file()))
 

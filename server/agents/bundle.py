@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from swe_gym_env.core.assets import cache_dir
 from swe_gym_env.server.agents.base import BUNDLE_MOUNT, AgentError, Harness, NpmArtifact, npm_install
-from swe_gym_env.server.assets import cache_dir
 from swe_gym_env.server.sandbox.bundles import BUNDLE_META, BUNDLE_SUMS, bundle_meta
 
 FORMAT = 1

@@ -108,6 +108,12 @@ class DebianPythonAgent(PythonAgent):
     pins: ClassVar[tuple[str, ...]]
     sdists: ClassVar[tuple[str, ...]] = ()  # pinned packages the index has no wheel of: built from their sdist
     imports: ClassVar[str]
+    debian: ClassVar[pyruntime.DebianPython] = pyruntime.TRIXIE_PYTHON  # its runtime's packages (and any binaries')
+
+    def add_binaries(self, root: Path, unpacked: Path, log=print) -> tuple[Path, ...]:
+        """Executables of its own it takes from ``unpacked`` (the `debian` packages, unpacked) into ``root``, before
+        the libraries are shipped (theirs go into the runtime's lib/ too); none by default."""
+        return ()
 
     def ensure_installed(self, log=print) -> Path:
         root = self.install_dir()
@@ -116,12 +122,15 @@ class DebianPythonAgent(PythonAgent):
             return root
         root.mkdir(parents=True, exist_ok=True)
         done.unlink(missing_ok=True)
-        downloads, runtime, py = bundles_dir() / ".downloads", pyruntime.TRIXIE_PYTHON, self.python_version
+        downloads, runtime, py = bundles_dir() / ".downloads", self.debian, self.python_version
         pyruntime.build_debian_runtime(root, runtime, downloads / "debian", log)
         log(f"pip install {len(self.pins)} pinned packages ({self.package}=={self.version}) into its bundle")
         pyruntime.pip_install(root, self.pins, downloads / "pip", log, py, self.sdists)
         lister = pyruntime.debian_lister(root / pyruntime.RUNTIME, runtime, downloads / "debian")
-        n = pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE, version=py, lister=lister)
+        binaries = self.add_binaries(root, downloads / "debian" / runtime.folder / "root", log)
+        n = pyruntime.ship_libraries(
+            root / pyruntime.RUNTIME, root / pyruntime.SITE, version=py, lister=lister, binaries=binaries
+        )
         log(f"agent runtime: {n} libraries")
         pyruntime.compile_all(root, py)
         log(f"agent runtime: {pyruntime.self_test(root, self.imports, py)}")

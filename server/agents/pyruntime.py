@@ -140,11 +140,17 @@ def _libraries(objects: list[Path], lister: tuple[str, ...] = ()) -> set[Path]:
     return found
 
 
-def ship_libraries(runtime: Path, *trees: Path, version: str = VERSION, lister: tuple[str, ...] = ()) -> int:
-    """Copy into ``runtime/lib`` every library the interpreter and the extension modules under ``trees`` load that
-    they do not carry themselves (manylinux wheels carry theirs in `<pkg>.libs/`); the number copied. ``lister``:
-    the loader command that resolves them (default: this host's ldd)."""
-    objects = [runtime / binary(version)]
+def ship_libraries(
+    runtime: Path,
+    *trees: Path,
+    version: str = VERSION,
+    lister: tuple[str, ...] = (),
+    binaries: tuple[Path, ...] = (),
+) -> int:
+    """Copy into ``runtime/lib`` every library the interpreter, the extension modules under ``trees`` and the
+    executables ``binaries`` load that they do not carry themselves (manylinux wheels carry theirs in
+    `<pkg>.libs/`); the number copied. ``lister``: the loader command that resolves them (default: this host's ldd)."""
+    objects = [runtime / binary(version), *binaries]
     objects += [p for t in (runtime, *trees) for p in sorted(t.rglob("*.so*")) if p.is_file()]
     lib, carried = runtime / "lib", {p.name for t in trees for p in t.rglob("*.so*")}
     n = 0
@@ -298,6 +304,11 @@ class DebianPython:
     packages: tuple[str, ...]
     loader: str = f"usr/lib/x86_64-linux-gnu/{LOADER}"
     libdirs: tuple[str, ...] = ("usr/lib/x86_64-linux-gnu",)
+    name: str = ""  # its own download folder's name where its packages differ from the suite's usual set
+
+    @property
+    def folder(self) -> str:
+        return f"debian-{self.name or self.suite}"
 
     def recipe(self) -> list[str]:
         return [
@@ -337,7 +348,7 @@ def fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
     and unpacked into ``downloads/debian-<suite>/root``; that root. Several agents share one suite's folder, and
     `setup --harness all` builds them side by side: one fetch at a time (a file lock: threads and processes alike),
     and a root already unpacked for the same packages and mirror is used as it is."""
-    base = downloads / f"debian-{source.suite}"
+    base = downloads / source.folder
     base.mkdir(parents=True, exist_ok=True)
     want = json.dumps([source.suite, source.version, sorted(source.packages), setting("debian_mirror")])
     with open(base / ".lock", "w") as lock:
@@ -359,7 +370,7 @@ def _fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
         )
     if not Path(DEBIAN_KEYRING).is_file():
         raise AgentError("install", f"{DEBIAN_KEYRING} is missing: apt-get install debian-archive-keyring")
-    base = downloads / f"debian-{source.suite}"
+    base = downloads / source.folder
     etc, state, cache, debs = base / "etc", base / "state", base / "cache", base / "debs"
     for d in (
         etc / "apt.conf.d",
@@ -405,6 +416,6 @@ def _fetch_debian(source: DebianPython, downloads: Path, log=print) -> Path:
 def debian_lister(runtime: Path, source: DebianPython, downloads: Path) -> tuple[str, ...]:
     """The loader command that lists what an object loads: the runtime's own loader (that suite's), searching the
     runtime's lib/ and then the unpacked packages' library directories."""
-    root = downloads / f"debian-{source.suite}" / "root"
+    root = downloads / source.folder / "root"
     loader = runtime / "lib" / LOADER if (runtime / "lib" / LOADER).is_file() else root / source.loader
     return (str(loader), "--library-path", f"{runtime / 'lib'}:{source.library_path(root)}", "--list")

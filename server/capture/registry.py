@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from swe_gym_env.server.capture.anthropic_messages import AnthropicDialect
 from swe_gym_env.server.capture.dialect import Dialect
-from swe_gym_env.server.capture.gemini import GeminiDialect
-from swe_gym_env.server.capture.openai_chat import ChatDialect
-from swe_gym_env.server.capture.openai_responses import ResponsesDialect
+from swe_gym_env.server.capture.dialects.anthropic_messages import AnthropicDialect
+from swe_gym_env.server.capture.dialects.gemini import GeminiDialect
+from swe_gym_env.server.capture.dialects.openai_chat import ChatDialect
+from swe_gym_env.server.capture.dialects.openai_responses import ResponsesDialect
 
 DIALECTS: dict[str, Dialect] = {
     "openai-chat": ChatDialect(),

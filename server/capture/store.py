@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from swe_gym_env.core.owners import Owner
 from swe_gym_env.server.capture.graph import Node
-from swe_gym_env.server.owners import Owner
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     errors TEXT NOT NULL DEFAULT '[]',
     budget_replies INTEGER NOT NULL DEFAULT 0,
     demoted TEXT NOT NULL DEFAULT '[]',  -- calls the agent's own record shows it never used (graph discards)
-    owner TEXT                    -- the store (server) that opened it: server/owners.py; NULL: before owners
+    owner TEXT                    -- the store (server) that opened it: core/owners.py; NULL: before owners
 );
 CREATE TABLE IF NOT EXISTS calls (
     session_id TEXT NOT NULL,
@@ -241,7 +241,7 @@ class CaptureStore:
         ).fetchone()
         return int(row[0] or 0)
 
-    # -- retention (server/retention.py): on a connection of their own, so a pass in a thread never shares the
+    # -- retention (server/results/retention.py): on a connection of their own, so a pass in a thread never shares the
     # proxy's; each statement is its own transaction, so the proxy's writes wait milliseconds at most -------------
     def _side_db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, timeout=10)

@@ -44,8 +44,8 @@ def builtin_unless_configured(served_model: str, log: Callable[[str], None]) -> 
         return
     import uvicorn
 
+    from swe_gym_env.core.assets import tokenizer_file
     from swe_gym_env.server.agents.registry import HARNESSES
-    from swe_gym_env.server.assets import tokenizer_file
     from swe_gym_env.server.engine.app import Engine, create_engine_app
     from swe_gym_env.server.engine.chat import ChatRenderer
     from swe_gym_env.server.engine.policy import make_policy

@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from swe_gym_env.server.assets import TEMPLATE_PATH
+from swe_gym_env.core.assets import TEMPLATE_PATH
 
 EOS_TOKEN = "<|im_end|>"
 

@@ -30,7 +30,7 @@ STORE_DIR: Path | None = None  # tests point this at a tmp folder
 def store_dir() -> Path:
     if STORE_DIR is not None:
         return STORE_DIR
-    from swe_gym_env.server.assets import cache_dir
+    from swe_gym_env.core.assets import cache_dir
 
     data = setting("data_dir")
     return (Path(data) if data else cache_dir()) / "grading"

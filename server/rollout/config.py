@@ -9,8 +9,8 @@ from pathlib import Path
 from swe_gym_env.core.names import SANDBOXES
 from swe_gym_env.core.settings import max_rollouts
 from swe_gym_env.server.capture import EngineTarget
-from swe_gym_env.server.results import CACHE_BYTES, CACHE_ITEMS
-from swe_gym_env.server.retention import RetentionSettings
+from swe_gym_env.server.results.retention import RetentionSettings
+from swe_gym_env.server.results.store import CACHE_BYTES, CACHE_ITEMS
 from swe_gym_env.server.security import engine_allowlist
 
 
@@ -38,7 +38,7 @@ class ServerConfig:
     # a harness, the pypi split or a task venv a rollout needs and this server lacks is installed on first use (else:
     # refused at validate, naming the command that installs it); $SWE_GYM_INSTALL_ON_USE, server/agents/provision.py
     install_on_use: bool = True
-    # what the results store and the capture store may keep (age, bytes, free-space floor): server/retention.py
+    # what the results store and the capture store may keep (age, bytes, free-space floor): server/results/retention.py
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     # finished results kept in memory as their JSON (the rest are read from disk on demand): count, and bytes
     result_cache_items: int = CACHE_ITEMS
@@ -47,9 +47,9 @@ class ServerConfig:
     @classmethod
     def from_env(cls) -> ServerConfig:
         """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
+        from swe_gym_env.core.assets import cache_dir
         from swe_gym_env.core.settings import setting
         from swe_gym_env.server.agents.provision import install_on_use_from_env
-        from swe_gym_env.server.assets import cache_dir
 
         key = setting("engine_api_key")
         engine = EngineTarget(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from swe_gym_env.server.capture import EngineTarget
-from swe_gym_env.server.certify import Certificate, certify
+from swe_gym_env.server.engine.certify import Certificate, certify
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.record import RolloutFailure
 from swe_gym_env.server.security import engine_url_allowed

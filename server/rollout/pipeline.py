@@ -17,7 +17,7 @@ from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 from swe_gym_env.server.agents.verdict import RunFacts, classify_failure
 from swe_gym_env.server.capture import CaptureProxy, CaptureSession, EngineTarget
-from swe_gym_env.server.certify import Certificate
+from swe_gym_env.server.engine.certify import Certificate
 from swe_gym_env.server.grading import GradingError, grade, prepare, prepare_impossible, prepared, variants
 from swe_gym_env.server.rollout import agent_run
 from swe_gym_env.server.rollout.config import ServerConfig

@@ -11,7 +11,7 @@ from typing import Literal
 
 from swe_gym_env.result_form import expand_turns
 from swe_gym_env.server.capture import CaptureSession
-from swe_gym_env.server.certify import Certificate
+from swe_gym_env.server.engine.certify import Certificate
 from swe_gym_env.wire import (
     Finding,
     Phase,

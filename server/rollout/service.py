@@ -25,9 +25,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 
 from swe_gym_env.server.capture import CaptureProxy
-from swe_gym_env.server.result_pages import Manifest, Manifests, with_pages
-from swe_gym_env.server.results import ResultsStore, disk_full
-from swe_gym_env.server.retention import Retention
+from swe_gym_env.server.results.pages import Manifest, Manifests, with_pages
+from swe_gym_env.server.results.retention import Retention
+from swe_gym_env.server.results.store import ResultsStore, disk_full
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.pipeline import Pipeline

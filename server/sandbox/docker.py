@@ -35,8 +35,9 @@ import time
 import uuid
 from pathlib import Path
 
+from swe_gym_env.core.assets import task_runtime_dir
 from swe_gym_env.core.settings import setting
-from swe_gym_env.server.assets import task_runtime_dir
+from swe_gym_env.core.tempdirs import owner_dead, server_id
 from swe_gym_env.server.sandbox.base import (
     LABEL_PREFIX,
     RELAY_PORT,
@@ -50,7 +51,6 @@ from swe_gym_env.server.sandbox.base import (
     strip_history_script,
 )
 from swe_gym_env.server.sandbox.local import RELAY_SCRIPT, RUNTIME_MOUNT, SOCKET_DIR
-from swe_gym_env.server.tempdirs import owner_dead, server_id
 
 BUNDLE_MOUNT = "/opt/swe-gym/repo"
 HOME = "/home/agent"

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from swe_gym_env.core.settings import setting
+from swe_gym_env.core.tempdirs import owner_dead, server_id
 from swe_gym_env.server.sandbox.base import (
     LABEL_PREFIX,
     SECRETS_FILE,
@@ -30,7 +31,6 @@ from swe_gym_env.server.sandbox.base import (
     strip_history_script,
 )
 from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
-from swe_gym_env.server.tempdirs import owner_dead, server_id
 
 
 def _sdk():

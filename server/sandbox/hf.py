@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from swe_gym_env.core.settings import setting
+from swe_gym_env.core.tempdirs import owner_dead, server_id
 from swe_gym_env.server.sandbox.base import (
     LABEL_PREFIX,
     SECRETS_FILE,
@@ -39,7 +40,6 @@ from swe_gym_env.server.sandbox.base import (
 )
 from swe_gym_env.server.sandbox.errors import SandboxGone
 from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
-from swe_gym_env.server.tempdirs import owner_dead, server_id
 
 SHORT_TIMEOUT = 60
 CALL_TIMEOUT = 90.0  # over the SDK's own 60 s request timeout: past it the job is looked up and named

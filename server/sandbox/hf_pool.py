@@ -33,11 +33,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from swe_gym_env.core.tempdirs import HOST, INCARNATION, owner_dead, server_id
 from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.hf import HFSandbox, in_thread
 from swe_gym_env.server.sandbox.hf import preflight as hf_preflight
 from swe_gym_env.server.sandbox.remote import own_timeout_s
-from swe_gym_env.server.tempdirs import HOST, INCARNATION, owner_dead, server_id
 
 log = logging.getLogger(__name__)
 

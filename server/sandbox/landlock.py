@@ -66,8 +66,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from swe_gym_env.core.assets import cache_dir, package_file, task_runtime_dir
 from swe_gym_env.core.settings import setting
-from swe_gym_env.server.assets import cache_dir, package_file, task_runtime_dir
+from swe_gym_env.core.tempdirs import owned_dir
+from swe_gym_env.core.tempdirs import reap_orphans as reap_dirs
 from swe_gym_env.server.sandbox import cgroups, confine
 from swe_gym_env.server.sandbox.base import (
     PipeProcess,
@@ -76,8 +78,6 @@ from swe_gym_env.server.sandbox.base import (
     SandboxUnavailable,
 )
 from swe_gym_env.server.sandbox.local import ETC_FILES, JOIN_CGROUPS, RUNTIME_MOUNT, LocalSandbox
-from swe_gym_env.server.tempdirs import owned_dir
-from swe_gym_env.server.tempdirs import reap_orphans as reap_dirs
 
 CONFINE = package_file("swe_gym_env.server.sandbox", "confine.py")
 DIR_PREFIX = "swe-gym-ll-"

@@ -27,7 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swe_gym_env.server.assets import package_file, task_runtime_dir
+from swe_gym_env.core.assets import package_file, task_runtime_dir
+from swe_gym_env.core.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.server.sandbox import cgroups, pristine
 from swe_gym_env.server.sandbox.base import (
     RELAY_PORT,
@@ -39,7 +40,6 @@ from swe_gym_env.server.sandbox.base import (
     SandboxUnavailable,
     strip_history_script,
 )
-from swe_gym_env.server.tempdirs import owned_dir, reap_orphans
 
 RUNTIME_MOUNT = "/opt/swe-gym/runtime"
 RELAY_SCRIPT = package_file("swe_gym_env.server.sandbox", "relay.py")  # bind-mounted read-only into sandboxes

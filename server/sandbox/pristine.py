@@ -28,10 +28,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+from swe_gym_env.core.assets import cache_dir
 from swe_gym_env.core.settings import setting
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.core.tempdirs import HOST, owner_dead
 from swe_gym_env.server.sandbox.errors import SandboxError
-from swe_gym_env.server.tempdirs import HOST, owner_dead
 
 SCHEMA = 1  # bump when the way a pristine tree is prepared changes
 READY = ".swe-gym-pristine"  # marker in <key>/, next to testbed/

@@ -16,8 +16,8 @@ import os
 import re
 
 from swe_gym_env.core.names import SANDBOXES
+from swe_gym_env.core.tempdirs import HOST, INCARNATION, server_id
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxBase, SandboxError, SandboxSpec, SandboxUnavailable
-from swe_gym_env.server.tempdirs import HOST, INCARNATION, server_id
 
 log = logging.getLogger(__name__)
 

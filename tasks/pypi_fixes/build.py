@@ -38,7 +38,7 @@ import urllib.request
 from importlib.resources import files
 from pathlib import Path
 
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.core.assets import cache_dir
 from swe_gym_env.tasks.models import patch_files
 
 

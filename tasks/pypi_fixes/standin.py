@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swe_gym_env.server.assets import cache_dir
+from swe_gym_env.core.assets import cache_dir
 from swe_gym_env.tasks.envs import EnvError, build_env, read_meta, task_env
 from swe_gym_env.tasks.models import Task
 
