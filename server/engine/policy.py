@@ -208,12 +208,16 @@ class OraclePolicy(Policy):
             args: dict[str, Any] = {arg: cmd}
             if "description" in params[name]:  # OpenCode's bash, claude-code's Bash
                 args["description"] = "apply the fix"
+            if "summary" in params[name]:  # Droid's Execute
+                args["summary"] = "apply the fix"
             actions = [Reply(tool_calls=[(name, args)])]
         if self.probe and shell is not None:
             name, arg = shell
             probe: dict[str, Any] = {arg: self.probe}
             if "description" in params[name]:
                 probe["description"] = "look at the environment"
+            if "summary" in params[name]:
+                probe["summary"] = "look at the environment"
             actions.insert(0, Reply(tool_calls=[(name, probe)]))
         if submit and shell is not None:  # mini-swe-agent: a reply without a tool call is a format error
             return [*actions, Reply(tool_calls=[(shell[0], {shell[1]: SUBMIT_COMMAND})])]
@@ -313,6 +317,7 @@ SHELL_TOOLS = (
     ("run_shell_command", "command"),
     ("terminal", "command"),  # OpenHands' terminal tool
     ("Shell", "command"),  # Kimi CLI
+    ("Execute", "command"),  # Droid (with a required `summary`)
 )
 
 
