@@ -340,6 +340,47 @@ def _ratios(row: dict, ours: str, peers: Sequence[str]) -> dict:
     return out
 
 
+def _cell_row(direct: str, sides: list[Side], peers: Sequence[str], size: int, stream: bool, conc: int, quick: bool):
+    """One cell (prompt size, streaming, concurrency) over the sides that speak its size; said on stderr too."""
+    here = [s for s in sides if s.dialect == "chat" or size == STUB_PROMPT_TOKENS]
+    rounds = max(1, CELL_CALLS[conc] // (conc * SESSION_CALLS) // (4 if quick else 1))
+    load = round(os.getloadavg()[0], 2)
+    row = {"prompt_tokens": size, "stream": stream, "sessions": conc, "load_avg_1m": load}
+    row |= asyncio.run(_cell(direct, here, size, stream, conc, rounds))
+    row["ratios"] = _ratios(row, sides[0].name, peers)
+    done = ", ".join(f"{s.name} +p50 {row[s.name]['added_p50_ms']} kept {row[s.name]['kept']}" for s in here)
+    print(f"capture bench: {size} stream={stream} sessions={conc}: {done}", file=sys.stderr)
+    return row
+
+
+def _stub_engine(exits: ExitStack) -> str:
+    """Start the stub engine; its OpenAI base URL."""
+    eport = procs.free_port()
+    engine_root = f"http://127.0.0.1:{eport}"
+    stack.start(
+        exits, [sys.executable, "-m", "swe_gym_env.benchmarks.stub_engine", str(eport)], f"{engine_root}/health"
+    )
+    return engine_root + "/v1"
+
+
+def _pin_self(exits: ExitStack, layout: tuple[set[int], set[int]] | None) -> None:
+    """This load generator and the stub (it inherits it) on the layout's first core, until ``exits`` closes."""
+    if layout is not None:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, layout[0])
+        exits.callback(os.sched_setaffinity, 0, before)
+
+
+def _note() -> str:
+    return (
+        "paired A/B: each proxied call minus the same agent's call at the same position in the direct phase "
+        "just before it; kept = proxied ÷ direct calls/s over the paired phases; sessions of "
+        f"{SESSION_CALLS} calls, minted before and retired after each phase; all processes share this machine's "
+        "cores (load_avg_1m per cell); cpu_layout: the stub engine and the load generator on one core, every proxy "
+        "on the others"
+    )
+
+
 def run(
     as_json: bool,
     quick: bool = False,
@@ -355,36 +396,14 @@ def run(
     admin = secrets.token_urlsafe(16)
     sizes, concs = ((1000,), (1, 64)) if quick else (SIZES, CONCURRENCY)
     flat_n = flat_calls if flat_calls is not None else (100 if quick else FLAT_CALLS)
-    results = []
     layout = cpu_layout()
-    before = os.sched_getaffinity(0)
     with ExitStack() as exits, tempfile.TemporaryDirectory() as tmp:
-        if layout is not None:  # this load generator and the stub (it inherits it) on the first core
-            os.sched_setaffinity(0, layout[0])
-            exits.callback(os.sched_setaffinity, 0, before)
-        eport = procs.free_port()
-        engine_root = f"http://127.0.0.1:{eport}"
-        stack.start(
-            exits, [sys.executable, "-m", "swe_gym_env.benchmarks.stub_engine", str(eport)], f"{engine_root}/health"
-        )
-        engine = engine_root + "/v1"
+        _pin_self(exits, layout)
+        engine = _stub_engine(exits)
         direct = f"{engine}/chat/completions"
         sides = _sides(exits, tmp, engine, admin, clients, dialects, peers, layout[1] if layout else None)
-        ours = sides[0].name
-        for size in sizes:
-            for stream in (False, True):
-                for conc in concs:
-                    here = [s for s in sides if s.dialect == "chat" or size == STUB_PROMPT_TOKENS]
-                    rounds = max(1, CELL_CALLS[conc] // (conc * SESSION_CALLS) // (4 if quick else 1))
-                    load = round(os.getloadavg()[0], 2)
-                    row = {"prompt_tokens": size, "stream": stream, "sessions": conc, "load_avg_1m": load}
-                    row |= asyncio.run(_cell(direct, here, size, stream, conc, rounds))
-                    row["ratios"] = _ratios(row, ours, peers)
-                    results.append(row)
-                    done = ", ".join(
-                        f"{s.name} +p50 {row[s.name]['added_p50_ms']} kept {row[s.name]['kept']}" for s in here
-                    )
-                    print(f"capture bench: {size} stream={stream} sessions={conc}: {done}", file=sys.stderr)
+        cells = [(size, stream, conc) for size in sizes for stream in (False, True) for conc in concs]
+        results = [_cell_row(direct, sides, peers, *cell, quick) for cell in cells]
         flat: dict = {}
         if flat_n:
             flat_sides = [sides[0], *(s for s in sides if s.kind != "ours")]
@@ -392,11 +411,7 @@ def run(
     doc = {
         "bench": "capture",
         "cpus": os.cpu_count(),
-        "note": "paired A/B: each proxied call minus the same agent's call at the same position in the direct phase "
-        "just before it; kept = proxied ÷ direct calls/s over the paired phases; sessions of "
-        f"{SESSION_CALLS} calls, minted before and retired after each phase; all processes share this machine's "
-        "cores (load_avg_1m per cell); cpu_layout: the stub engine and the load generator on one core, every proxy "
-        "on the others",
+        "note": _note(),
         "cpu_layout": {"stub_and_load": sorted(layout[0]), "proxies": sorted(layout[1])} if layout else None,
         "sides": {s.name: {"kind": s.kind, "path": s.path} for s in sides},
         "results": results,

@@ -23,24 +23,25 @@ from swe_gym_env.benchmarks import emit
 from swe_gym_env.server.capture.graph import RolloutGraph
 from swe_gym_env.server.capture.store import CaptureStore
 
+Calls = list[tuple[list[int], list[int]]]  # (prompt ids, completion ids) of each call
+# what every call records besides its tokens and request (the bench times ingest, not these)
+REPLY = {
+    "finish_reason": "tool_calls",
+    "streamed": True,
+    "wall_s": 0.0,
+    "response": {"role": "assistant", "content": None},
+}
+
 
 def _ingest(store: CaptureStore, sid: str, g: RolloutGraph, i: int, prompt: list[int], comp: list[int]) -> float:
     t0 = time.perf_counter()
     node, keys, _ = g.link(prompt, comp, [-0.5] * len(comp))
-    store.add_call(
-        sid,
-        node,
-        finish_reason="tool_calls",
-        streamed=True,
-        wall_s=0.0,
-        request={"messages": [{"role": "user", "content": f"call {i}"}]},
-        response={"role": "assistant", "content": None},
-    )
+    store.add_call(sid, node, request={"messages": [{"role": "user", "content": f"call {i}"}]}, **REPLY)
     g.commit(node, keys)
     return time.perf_counter() - t0
 
 
-def _shape(name: str, calls: list[tuple[list[int], list[int]]], store: CaptureStore) -> dict:
+def _shape(name: str, calls: Calls, store: CaptureStore) -> dict:
     g = RolloutGraph()
     store.open_session(name, {})
     times = [_ingest(store, name, g, i, p, c) for i, (p, c) in enumerate(calls)]
@@ -66,48 +67,47 @@ def _shape(name: str, calls: list[tuple[list[int], list[int]]], store: CaptureSt
     }
 
 
-def run(as_json: bool, turns: int = 500, quick: bool = False) -> int:
-    rng = np.random.default_rng(0)
-    turns = 100 if quick else turns
-    growing: list[tuple[list[int], list[int]]] = []
+def _growing(rng: np.random.Generator, turns: int) -> Calls:
+    """One conversation of ``turns`` calls whose prompt grows from 2k to ~50k tokens."""
+    growing: Calls = []
     prompt = rng.integers(0, 49_000, 2_000).tolist()
     step = max(1, (50_000 - 2_000) // turns)
     for _ in range(turns):
         comp = rng.integers(0, 49_000, 50).tolist()
         growing.append((prompt, comp))
         prompt = prompt + comp + rng.integers(0, 49_000, max(1, step - 50)).tolist()
+    return growing
+
+
+def _fanout(rng: np.random.Generator, calls: int) -> Calls:
+    """``calls`` calls sharing an 8k-token opening, each with its own 1k-token tail."""
     opening = rng.integers(0, 49_000, 8_000).tolist()
-    fanout = [
-        (opening + rng.integers(0, 49_000, 1_000).tolist(), rng.integers(0, 49_000, 50).tolist())
-        for _ in range(200 if quick else 1000)
+    return [
+        (opening + rng.integers(0, 49_000, 1_000).tolist(), rng.integers(0, 49_000, 50).tolist()) for _ in range(calls)
     ]
+
+
+HEADER = ["shape", "calls", "max prompt", "ms/call first 10%", "ms/call last 10%", "µs/1k tok first", "last", "B/tok"]
+COLUMNS = (
+    "shape",
+    "calls",
+    "max_prompt_tokens",
+    "first_tenth_ms_per_call",
+    "last_tenth_ms_per_call",
+    "first_tenth_us_per_1k_prompt_tokens",
+    "last_tenth_us_per_1k_prompt_tokens",
+    "bytes_per_stored_token",
+)
+
+
+def run(as_json: bool, turns: int = 500, quick: bool = False) -> int:
+    rng = np.random.default_rng(0)
+    growing = _growing(rng, 100 if quick else turns)
+    fanout = _fanout(rng, 200 if quick else 1000)
     with tempfile.TemporaryDirectory() as tmp:
         store = CaptureStore(Path(tmp) / "bench.sqlite")
         results = [_shape("growing", growing, store), _shape("fanout", fanout, store)]
         store.close()
     doc = {"bench": "graph", "cpus": os.cpu_count(), "results": results}
-    header = [
-        "shape",
-        "calls",
-        "max prompt",
-        "ms/call first 10%",
-        "ms/call last 10%",
-        "µs/1k tok first",
-        "last",
-        "B/tok",
-    ]
-    rows = [
-        [
-            r["shape"],
-            r["calls"],
-            r["max_prompt_tokens"],
-            r["first_tenth_ms_per_call"],
-            r["last_tenth_ms_per_call"],
-            r["first_tenth_us_per_1k_prompt_tokens"],
-            r["last_tenth_us_per_1k_prompt_tokens"],
-            r["bytes_per_stored_token"],
-        ]
-        for r in results
-    ]
-    emit(doc, as_json, rows, header)
+    emit(doc, as_json, [[r[k] for k in COLUMNS] for r in results], HEADER)
     return 0

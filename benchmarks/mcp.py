@@ -74,6 +74,64 @@ async def _fetch(url: str, rid: str) -> dict:
     return {"summary_bytes": size, "pages": summary["pages"], "bytes": len(whole), "s": took}
 
 
+def _store_copies(result: RolloutResult, results: Path) -> list[str]:
+    """CLIENTS copies of ``result`` under their own ids in the results dir; their ids."""
+    results.mkdir(parents=True)
+    ids = [f"bench-mcp-{k:02d}" for k in range(CLIENTS)]
+    for rid in ids:
+        (results / f"{rid}.json").write_text(result.model_copy(update={"rollout_id": rid}).model_dump_json())
+    return ids
+
+
+def _peak_rss_while(pid: int, fn):
+    """``fn()``'s value, and the RSS samples of process ``pid`` taken every 10 ms while it ran."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(_rss(pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        return fn(), samples
+    finally:
+        done.set()
+        sampler.join()
+
+
+def _fetches(url: str, pid: int, ids: list[str]) -> dict:
+    """The server's idle RSS, one client's fetch alone, then every client's at once (its wall and RSS samples)."""
+    time.sleep(2.0)
+    idle = _rss(pid)
+    one = asyncio.run(_fetch(url, ids[0]))  # alone (and the manifests of one file scanned)
+
+    async def all_at_once() -> list[dict]:
+        return await asyncio.gather(*(_fetch(url, rid) for rid in ids))
+
+    def timed() -> tuple[list[dict], float]:
+        t0 = time.perf_counter()
+        many = asyncio.run(all_at_once())
+        return many, time.perf_counter() - t0
+
+    (many, wall), samples = _peak_rss_while(pid, timed)
+    return {"idle": idle, "one": one, "many": many, "wall": wall, "samples": samples, "after": _rss(pid)}
+
+
+def _served_fetches(data: Path, ids: list[str]) -> dict:
+    """Measure the fetches (`_fetches`) from a fresh `serve` process over the data dir ``data``."""
+    port = procs.free_port()
+    env = {"SWE_GYM_DATA_DIR": str(data), "SWE_GYM_UI": "0"}
+    argv = [sys.executable, "-m", "swe_gym_env.cli", "serve", "--port", str(port)]
+    server = procs.start(argv, f"http://127.0.0.1:{port}/health", env=env, timeout=180)
+    try:
+        return _fetches(f"http://127.0.0.1:{port}/mcp", server.pid, ids)
+    finally:
+        procs.stop(server)
+
+
 def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
     calls = 20 if quick else calls
     t0 = time.perf_counter()
@@ -81,44 +139,12 @@ def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
     build_s = time.perf_counter() - t0
     last_prompt = result.turns[-1].prompt_len
     with tempfile.TemporaryDirectory() as tmp:
-        results = Path(tmp) / "data" / "results"
-        results.mkdir(parents=True)
-        ids = [f"bench-mcp-{k:02d}" for k in range(CLIENTS)]
-        for rid in ids:
-            (results / f"{rid}.json").write_text(result.model_copy(update={"rollout_id": rid}).model_dump_json())
+        ids = _store_copies(result, Path(tmp) / "data" / "results")
         del result
-        port = procs.free_port()
-        env = {"SWE_GYM_DATA_DIR": str(Path(tmp) / "data"), "SWE_GYM_UI": "0"}
-        argv = [sys.executable, "-m", "swe_gym_env.cli", "serve", "--port", str(port)]
-        server = procs.start(argv, f"http://127.0.0.1:{port}/health", env=env, timeout=180)
-        try:
-            url = f"http://127.0.0.1:{port}/mcp"
-            time.sleep(2.0)
-            idle = _rss(server.pid)
-            one = asyncio.run(_fetch(url, ids[0]))  # alone (and the manifests of one file scanned)
-            samples: list[int] = []
-            done = threading.Event()
-
-            def sample() -> None:
-                while not done.is_set():
-                    samples.append(_rss(server.pid))
-                    time.sleep(0.01)
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            t0 = time.perf_counter()
-
-            async def all_at_once() -> list[dict]:
-                return await asyncio.gather(*(_fetch(url, rid) for rid in ids))
-
-            many = asyncio.run(all_at_once())
-            wall = time.perf_counter() - t0
-            done.set()
-            sampler.join()
-            after = _rss(server.pid)
-        finally:
-            procs.stop(server)
-    fetch = [m["s"] for m in many]
+        m = _served_fetches(Path(tmp) / "data", ids)
+    one, wall, idle, after = m["one"], m["wall"], m["idle"], m["after"]
+    peak = max(m["samples"], default=idle)
+    fetch = [x["s"] for x in m["many"]]
     doc = {
         "calls": calls,
         "last_prompt_tokens": last_prompt,
@@ -129,7 +155,7 @@ def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
         "fetch_8_at_once": {"wall_s": round(wall, 3), "p50_s": round(pct(fetch, 50), 3), "max_s": round(max(fetch), 3)},
         "server_rss_mb": {
             "idle": round(idle / MB, 1),
-            "peak_8_fetches": round(max(samples, default=idle) / MB, 1),
+            "peak_8_fetches": round(peak / MB, 1),
             "after": round(after / MB, 1),
         },
         "build_result_s": round(build_s, 1),
@@ -140,7 +166,7 @@ def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
         ["pages", one["pages"]],
         ["fetch, one client", f"{one['s']:.2f} s"],
         ["fetch, 8 clients at once", f"wall {wall:.2f} s, p50 {pct(fetch, 50):.2f} s, max {max(fetch):.2f} s"],
-        ["server RSS", f"idle {idle / MB:.0f} MB, peak during 8 fetches {max(samples, default=idle) / MB:.0f} MB"],
+        ["server RSS", f"idle {idle / MB:.0f} MB, peak during 8 fetches {peak / MB:.0f} MB"],
     ]
     emit(doc, as_json, rows, ["what", "measured"])
     return 0

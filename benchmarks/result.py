@@ -162,12 +162,48 @@ def _rss_run(calls: int) -> dict:
     }
 
 
-def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
-    calls = 12 if quick else calls
-    rss = _rss_run(calls)  # first, on a fresh process heap
-    agent_bytes = _agent_heap(calls)
-    longest = FIRST_PROMPT + calls * (COMPLETION + TOOL_TOKENS)
-    shared_table = _PrefixHasher._powers(longest).nbytes  # one per process, shared by every session: not counted
+NOTES = (
+    "rss_*: the process RSS (a run without tracemalloc) minus before the session, including the agent "
+    "side (agent_side_heap_mb) and what the allocator keeps; "
+    "session_heap_mb: Python heap freed when the closed session (turns, graph, digests) and its result "
+    "are dropped; open_session_heap_mb: the session in flight after its last call (heap minus the agent side's "
+    "own state, measured alone); recording_peak_heap_mb includes the agent side's own growing prompt and messages "
+    "(agent_side_heap_mb) and each call's transient request and arrays; old_proxy_heap_mb: what the old "
+    "proxy kept per call (whole prompt list + request + graph int32 copy), measured per call and summed."
+)
+HEADER = ["form", "result MB", "prompt ids in result", "session heap MB"]
+
+
+def _record_calls(proxy: CaptureProxy, session, agent: Agent, calls: int) -> tuple[list[float], int]:
+    """Record ``calls`` calls of the agent's conversation: each call's recording time, and the last prompt's length."""
+    record_s = []
+    last_prompt = 0
+    for k in range(calls):
+        up, call = agent.call(k)
+        last_prompt = len(call.prompt_token_ids)
+        t0 = time.perf_counter()
+        proxy._record(session, DIALECTS["openai-chat"], up, call, streamed=True, wall=0.5)
+        record_s.append(time.perf_counter() - t0)
+        del up, call
+    return record_s, last_prompt
+
+
+def _full_form(result: RolloutResult) -> dict:
+    """The old form, one turn at a time: its JSON and what the old proxy kept per call."""
+    view = TurnsView(result.turns)
+    old_json = len(result.model_dump_json(exclude={"turns"})) + 2
+    old_memory = 0
+    for t in result.turns:
+        full = t.model_copy(update={"prompt_token_ids": view.prompt(t.index), "request": view.request(t.index)})
+        old_json += len(full.model_dump_json()) + 1
+        old_memory += _old_turn_bytes(full.prompt_token_ids or [], t.completion_token_ids, full.request or {})
+        del full
+    return {"old_json": old_json, "old_memory": old_memory, "prompt_ids_old": sum(t.prompt_len for t in result.turns)}
+
+
+def _session_run(calls: int) -> dict:
+    """One session recorded under tracemalloc: its result in the compact form (JSON) and in the full form, and the
+    heap it held open, at its peak and once dropped."""
     agent = Agent()
     with tempfile.TemporaryDirectory() as tmp:
         store = CaptureStore(Path(tmp) / "capture.sqlite")
@@ -178,15 +214,7 @@ def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
         session, _ = proxy.open_session(
             EngineTarget("http://engine/v1", "m"), max_calls=calls, max_tokens=1024, session_id="bench"
         )
-        record_s = []
-        last_prompt = 0
-        for k in range(calls):
-            up, call = agent.call(k)
-            last_prompt = len(call.prompt_token_ids)
-            t0 = time.perf_counter()
-            proxy._record(session, DIALECTS["openai-chat"], up, call, streamed=True, wall=0.5)
-            record_s.append(time.perf_counter() - t0)
-            del up, call
+        record_s, last_prompt = _record_calls(proxy, session, agent, calls)
         gc.collect()
         open_heap = tracemalloc.get_traced_memory()[0] - base  # the session in flight, plus the agent side
         proxy.close_session(session)
@@ -196,82 +224,75 @@ def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
         result = RolloutResult(rollout_id="bench", ok=True, reward=1.0, harness="pi", sandbox="local", **state.trace())
         with_session = tracemalloc.get_traced_memory()[0]
         compact_json = result.model_dump_json()
-        view = TurnsView(result.turns)
         (row,) = training_rows(result)
-
-        # the old form, one turn at a time: its JSON and what the old proxy kept per call
-        old_json = len(result.model_dump_json(exclude={"turns"})) + 2
-        old_memory = 0
-        for t in result.turns:
-            full = t.model_copy(update={"prompt_token_ids": view.prompt(t.index), "request": view.request(t.index)})
-            old_json += len(full.model_dump_json()) + 1
-            old_memory += _old_turn_bytes(full.prompt_token_ids or [], t.completion_token_ids, full.request or {})
-            del full
-        prompt_ids_old = sum(t.prompt_len for t in result.turns)
-
-        del result, view, state, row
+        full = _full_form(result)
+        del result, state, row
         store.close()
         proxy.sessions.clear()
         del session, proxy, store
         gc.collect()
         freed = with_session - tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
-    compact_bytes = len(compact_json.encode())
-    check = RolloutResult.model_validate_json(compact_json)
+    measured = {"record_s": record_s, "last_prompt": last_prompt, "open_heap": open_heap, "peak": peak}
+    return {**measured, "freed": freed, "compact_json": compact_json, **full}
+
+
+def _compact(m: dict, check: RolloutResult, again, rss: dict, agent_bytes: int, shared_table: int) -> dict:
+    """The compact form's part of the document (``check``: its result read back; ``again``: that result's row)."""
+    compact_bytes = len(m["compact_json"].encode())
+    return {
+        "result_bytes": compact_bytes,
+        "result_mb": round(compact_bytes / MB, 2),
+        "prompt_ids_in_result": sum(len(t.prompt_new_ids) for t in check.turns),
+        "messages_in_result": sum(len(t.new_messages) for t in check.turns),
+        "json_bytes_per_id": round(len(orjson.dumps(again.input_ids)) / len(again.input_ids), 2),
+        "session_heap_mb": round(m["freed"] / MB, 1),
+        "open_session_heap_mb": round((m["open_heap"] - agent_bytes) / MB, 1),
+        "recording_peak_heap_mb": round(m["peak"] / MB, 1),
+        "agent_side_heap_mb": round(agent_bytes / MB, 1),
+        "process_shared_hash_table_mb": round(shared_table / MB, 1),
+        **rss,
+        "record_ms_first_call": round(m["record_s"][0] * 1000, 2),
+        "record_ms_last_call": round(m["record_s"][-1] * 1000, 2),
+    }
+
+
+def run(as_json: bool, quick: bool = False, calls: int = CALLS) -> int:
+    calls = 12 if quick else calls
+    rss = _rss_run(calls)  # first, on a fresh process heap
+    agent_bytes = _agent_heap(calls)
+    longest = FIRST_PROMPT + calls * (COMPLETION + TOOL_TOKENS)
+    shared_table = _PrefixHasher._powers(longest).nbytes  # one per process, shared by every session: not counted
+    m = _session_run(calls)
+    check = RolloutResult.model_validate_json(m["compact_json"])
     (again,) = training_rows(check)
+    compact = _compact(m, check, again, rss, agent_bytes, shared_table)
+    full = {
+        "result_bytes": m["old_json"],
+        "result_mb": round(m["old_json"] / MB, 2),
+        "prompt_ids_in_result": m["prompt_ids_old"],
+        "old_proxy_heap_mb": round(m["old_memory"] / MB, 1),
+    }
     doc = {
         "bench": "result",
         "calls": calls,
-        "last_prompt_tokens": last_prompt,
+        "last_prompt_tokens": m["last_prompt"],
         "row_tokens": len(again.input_ids),
         "sampled_tokens": sum(again.loss_mask),
-        "compact": {
-            "result_bytes": compact_bytes,
-            "result_mb": round(compact_bytes / MB, 2),
-            "prompt_ids_in_result": sum(len(t.prompt_new_ids) for t in check.turns),
-            "messages_in_result": sum(len(t.new_messages) for t in check.turns),
-            "json_bytes_per_id": round(len(orjson.dumps(again.input_ids)) / len(again.input_ids), 2),
-            "session_heap_mb": round(freed / MB, 1),
-            "open_session_heap_mb": round((open_heap - agent_bytes) / MB, 1),
-            "recording_peak_heap_mb": round(peak / MB, 1),
-            "agent_side_heap_mb": round(agent_bytes / MB, 1),
-            "process_shared_hash_table_mb": round(shared_table / MB, 1),
-            **rss,
-            "record_ms_first_call": round(record_s[0] * 1000, 2),
-            "record_ms_last_call": round(record_s[-1] * 1000, 2),
-        },
-        "full": {
-            "result_bytes": old_json,
-            "result_mb": round(old_json / MB, 2),
-            "prompt_ids_in_result": prompt_ids_old,
-            "old_proxy_heap_mb": round(old_memory / MB, 1),
-        },
+        "compact": compact,
+        "full": full,
         "goals": {"result_mb_max": 5, "session_mb_max": 64},
-        "notes": "rss_*: the process RSS (a run without tracemalloc) minus before the session, including the agent "
-        "side (agent_side_heap_mb) and what the allocator keeps; "
-        "session_heap_mb: Python heap freed when the closed session (turns, graph, digests) and its result "
-        "are dropped; open_session_heap_mb: the session in flight after its last call (heap minus the agent side's "
-        "own state, measured alone); recording_peak_heap_mb includes the agent side's own growing prompt and messages "
-        "(agent_side_heap_mb) and each call's transient request and arrays; old_proxy_heap_mb: what the old "
-        "proxy kept per call (whole prompt list + request + graph int32 copy), measured per call and summed.",
+        "notes": NOTES,
+        "ratio_result_full_over_compact": round(m["old_json"] / compact["result_bytes"], 1),
     }
-    doc["ratio_result_full_over_compact"] = round(old_json / compact_bytes, 1)
-    header = ["form", "result MB", "prompt ids in result", "session heap MB"]
     rows = [
-        [
-            "compact",
-            doc["compact"]["result_mb"],
-            doc["compact"]["prompt_ids_in_result"],
-            doc["compact"]["session_heap_mb"],
-        ],
-        [
-            "full (schema 1)",
-            doc["full"]["result_mb"],
-            doc["full"]["prompt_ids_in_result"],
-            doc["full"]["old_proxy_heap_mb"],
-        ],
+        [form, doc[key]["result_mb"], doc[key]["prompt_ids_in_result"], doc[key][heap]]
+        for form, key, heap in (
+            ("compact", "compact", "session_heap_mb"),
+            ("full (schema 1)", "full", "old_proxy_heap_mb"),
+        )
     ]
-    emit(doc, as_json, rows, header)
+    emit(doc, as_json, rows, HEADER)
     return 0
 
 

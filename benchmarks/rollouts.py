@@ -119,19 +119,39 @@ def _run_level(base: str, pid: int, label: str, harness: str, n: int, repeat: in
     return _level(label, results, walls, took, load, rss_kib(pid, "VmHWM") / 1024)
 
 
-def run(as_json: bool, quick: bool = False) -> int:
+HEADER = [
+    "level",
+    "ok",
+    "outside p50",
+    "p95",
+    "boot",
+    "diff",
+    "grade",
+    "tests",
+    "agent p50",
+    "wall p50",
+    "integrity",
+    "load",
+]
+NOTE = (
+    "outside the agent = the server's wall for the rollout minus its agent phase (queueing excluded: "
+    "client_extra has it, with transport and storing); server concurrency 8 (SWE_GYM_MAX_ROLLOUTS): larger "
+    "batches queue; phases in seconds over ok rollouts; peak RSS is the server process's high-water mark"
+)
+
+
+def _levels(quick: bool) -> list[dict]:
+    """Every level's row, in order: the warm-up, one alone, 8 at once, and with the full run 32 / 64 and OpenCode."""
     from swe_gym_env.server.agents.registry import HARNESSES
 
-    rows_out = []
     with ExitStack() as stack:
         context = str(max(8192, *(cls.min_context_tokens for cls in HARNESSES.values())))  # room for every harness
         eng = engine(stack, "oracle", ["--max-model-len", context])
         env = {"SWE_GYM_MAX_ROLLOUTS": "8", "SWE_GYM_UI": "0", "SWE_GYM_CONTEXT_WINDOW": context}
         base, proc, _ = server(stack, eng, env)
-        rows_out.append(_run_level(base, proc.pid, "warm-up: each task once", "pi", TASKS, 1))
-        alone = _run_level(base, proc.pid, "1 alone", "pi", 1, TASKS if quick else 2 * TASKS)
-        eight = _run_level(base, proc.pid, "8 at once", "pi", 8, 1 if quick else 3)
-        rows_out += [alone, eight]
+        rows_out = [_run_level(base, proc.pid, "warm-up: each task once", "pi", TASKS, 1)]
+        rows_out.append(_run_level(base, proc.pid, "1 alone", "pi", 1, TASKS if quick else 2 * TASKS))
+        rows_out.append(_run_level(base, proc.pid, "8 at once", "pi", 8, 1 if quick else 3))
         if not quick:
             rows_out += [_run_level(base, proc.pid, f"{n} at once", "pi", n, 1) for n in (32, 64)]
             if "opencode" in HARNESSES:
@@ -140,6 +160,32 @@ def run(as_json: bool, quick: bool = False) -> int:
                     rows_out.append(_run_level(base, proc.pid, "opencode 8 at once", "opencode", 8, 1))
                 except Exception as e:  # not installed: say so in the output rather than fail the bench
                     rows_out.append({"level": "opencode 8 at once", "skipped": str(e)})
+    return rows_out
+
+
+def _table_row(r: dict) -> list:
+    def p50(k: str):
+        return r.get("phases_s", {}).get(k, {}).get("p50", "-")
+
+    return [
+        r["level"],
+        f"{r.get('ok', '-')}/{r.get('rollouts', '-')}",
+        r.get("outside_agent_p50_s", "-"),
+        r.get("outside_agent_p95_s", "-"),
+        p50("boot"),
+        p50("diff"),
+        p50("grade"),
+        p50("grade.tests"),
+        r.get("agent_p50_s", "-"),
+        r.get("wall_p50_s", r.get("skipped", "-")),
+        " ".join(f"{k}={v}" for k, v in sorted(r.get("integrity", {}).items())) or "-",
+        r.get("loadavg_before", ["-"])[0],
+    ]
+
+
+def run(as_json: bool, quick: bool = False) -> int:
+    rows_out = _levels(quick)
+    alone, eight = rows_out[1], rows_out[2]
     a, e = alone.get("outside_agent_p50_s"), eight.get("outside_agent_p50_s")
     ratio = round(e / a, 2) if a and e else None
     doc = {
@@ -149,47 +195,10 @@ def run(as_json: bool, quick: bool = False) -> int:
         "outside_agent_p50_8_at_once_s": e,
         "ratio_8_at_once_to_alone": ratio,
         "goals": {"alone_p50_le_1s": a is not None and a <= 1.0, "ratio_le_2": ratio is not None and ratio <= 2.0},
-        "note": "outside the agent = the server's wall for the rollout minus its agent phase (queueing excluded: "
-        "client_extra has it, with transport and storing); server concurrency 8 (SWE_GYM_MAX_ROLLOUTS): larger "
-        "batches queue; phases in seconds over ok rollouts; peak RSS is the server process's high-water mark",
+        "note": NOTE,
         "results": rows_out,
     }
-    header = [
-        "level",
-        "ok",
-        "outside p50",
-        "p95",
-        "boot",
-        "diff",
-        "grade",
-        "tests",
-        "agent p50",
-        "wall p50",
-        "integrity",
-        "load",
-    ]
-
-    def p50(r: dict, k: str):
-        return r.get("phases_s", {}).get(k, {}).get("p50", "-")
-
-    rows = [
-        [
-            r["level"],
-            f"{r.get('ok', '-')}/{r.get('rollouts', '-')}",
-            r.get("outside_agent_p50_s", "-"),
-            r.get("outside_agent_p95_s", "-"),
-            p50(r, "boot"),
-            p50(r, "diff"),
-            p50(r, "grade"),
-            p50(r, "grade.tests"),
-            r.get("agent_p50_s", "-"),
-            r.get("wall_p50_s", r.get("skipped", "-")),
-            " ".join(f"{k}={v}" for k, v in sorted(r.get("integrity", {}).items())) or "-",
-            r.get("loadavg_before", ["-"])[0],
-        ]
-        for r in rows_out
-    ]
-    emit(doc, as_json, rows, header)
+    emit(doc, as_json, [_table_row(r) for r in rows_out], HEADER)
     if not as_json:
         print(f"outside the agent p50: alone {a} s, 8 at once {e} s, ratio {ratio} (goals: ≤ 1.0 s, ≤ 2)")
     return 0

@@ -191,10 +191,9 @@ def _ratio(first: list[float], last: list[float], q: float) -> float | None:
     return round(b / a, 3) if a > 0 else None
 
 
-def run(as_json: bool, quick: bool = False, calls: int = 30, concurrency: int = 8, minutes: float = 30.0) -> int:
-    """The soak (`bench soak`)."""
-    if quick:
-        calls, concurrency, minutes = min(calls, 10), min(concurrency, 4), min(minutes, 2.0)
+def _soak(calls: int, concurrency: int, minutes: float) -> dict:
+    """Rollouts, ``concurrency`` at once, started for ``minutes``: each (result, start, end) in order of start, the
+    server's samples, its RSS idle and after, and the wall."""
     with ExitStack() as stack:
         url, pid, data = _stack(stack, calls, concurrency)
         asyncio.run(_one(url, 3, 0))
@@ -218,25 +217,22 @@ def run(as_json: bool, quick: bool = False, calls: int = 30, concurrency: int = 
             wall = time.monotonic() - t0
         after = _settle(pid, 10.0)
     done.sort(key=lambda x: x[1])
-    results = [r for r, _, _ in done]
-    overhead = [r.wall_s - r.timings.get("agent", 0.0) for r in results if r.ok]
-    tenth = max(1, len(overhead) // 10)
-    first, last = overhead[:tenth], overhead[-tenth:]
-    samples = s.samples
-    k = max(1, len(samples) // 10)
-    rss_first = [x[1] / 1024 for x in samples[:k]]
-    rss_last = [x[1] / 1024 for x in samples[-k:]]
-    fds_first = [float(x[2]) for x in samples[:k]]
-    fds_last = [float(x[2]) for x in samples[-k:]]
-    doc = {
-        "bench": "soak",
-        "calls": calls,
-        "concurrency": concurrency,
-        "minutes": minutes,
-        "wall_s": round(wall, 1),
-        "rollouts": len(results),
-        "server_idle_rss_mib": round(idle / 1024, 1),
-        "server_rss_after_mib": round(after / 1024, 1),
+    return {"done": done, "samples": s.samples, "idle": idle, "after": after, "wall": wall}
+
+
+def _tenths(values: list[float]) -> tuple[list[float], list[float]]:
+    """The first and the last 10% of ``values`` (one each at least)."""
+    k = max(1, len(values) // 10)
+    return values[:k], values[-k:]
+
+
+def _drift(results: list[RolloutResult], samples: list[tuple[float, int, int, int]]) -> dict:
+    """The first and last 10% of the rollouts' time outside the agent and of the server's RSS and fds, with their
+    ratios."""
+    first, last = _tenths([r.wall_s - r.timings.get("agent", 0.0) for r in results if r.ok])
+    rss_first, rss_last = _tenths([x[1] / 1024 for x in samples])
+    fds_first, fds_last = _tenths([float(x[2]) for x in samples])
+    return {
         "rss_mib_first10_p50": round(pct(rss_first, 50), 1),
         "rss_mib_last10_p50": round(pct(rss_last, 50), 1),
         "fds_first10_p50": pct(fds_first, 50),
@@ -250,6 +246,25 @@ def run(as_json: bool, quick: bool = False, calls: int = 30, concurrency: int = 
             "rss_p50": _ratio(rss_first, rss_last, 50),
             "fds_p50": _ratio(fds_first, fds_last, 50),
         },
+    }
+
+
+def run(as_json: bool, quick: bool = False, calls: int = 30, concurrency: int = 8, minutes: float = 30.0) -> int:
+    """The soak (`bench soak`)."""
+    if quick:
+        calls, concurrency, minutes = min(calls, 10), min(concurrency, 4), min(minutes, 2.0)
+    m = _soak(calls, concurrency, minutes)
+    results = [r for r, _, _ in m["done"]]
+    doc = {
+        "bench": "soak",
+        "calls": calls,
+        "concurrency": concurrency,
+        "minutes": minutes,
+        "wall_s": round(m["wall"], 1),
+        "rollouts": len(results),
+        "server_idle_rss_mib": round(m["idle"] / 1024, 1),
+        "server_rss_after_mib": round(m["after"] / 1024, 1),
+        **_drift(results, m["samples"]),
         **_result_facts(results),
         "goal": "every ratio <= 1.1",
     }
