@@ -38,7 +38,6 @@ from swe_gym_env.server.results.pages import (
     PAGE_URI,
     RESULT_URI,
     SUMMARY_BYTES,
-    Manifest,
     page_uri,
     summarize,
 )
@@ -147,74 +146,80 @@ def summary_tool_result(summary: ResultSummary) -> ToolResult:
     )
 
 
-def build_mcp(service: RolloutService) -> FastMCP:
-    mcp = FastMCP("swe_gym_env")
+def too_big(form: str, size: int) -> str:
+    return (
+        f"the {form} result is {size:,} bytes, more than a tool result carries here ({SUMMARY_BYTES:,} bytes: "
+        "its JSON travels twice, and MCP clients limit a message's size, e.g. the Python SDK's 1 MiB SSE event); "
+        "this is its summary: read the whole result from result_uri and page_uris (resources/read) or GET "
+        "http_path"
+    )
 
-    async def manifest(rollout_id: str) -> Manifest | None:
-        return await asyncio.to_thread(service.manifest, rollout_id) if rollout_id else None
 
-    async def summary_of(result: RolloutResult, note: str | None = None) -> ResultSummary:
-        return summarize(result, await manifest(result.rollout_id), note)
+def asked_form(kwargs: dict) -> str:
+    """The form a refused or invalid request asked for, where it names one (its answer is small: `answer` still
+    bounds it), else this path's default."""
+    form = kwargs.get("result_form")
+    return form if form in ("summary", "compact", "full") else _DEFAULT_FORM.get()
 
-    def too_big(form: str, size: int) -> str:
-        return (
-            f"the {form} result is {size:,} bytes, more than a tool result carries here ({SUMMARY_BYTES:,} bytes: "
-            "its JSON travels twice, and MCP clients limit a message's size, e.g. the Python SDK's 1 MiB SSE event); "
-            "this is its summary: read the whole result from result_uri and page_uris (resources/read) or GET "
-            "http_path"
-        )
 
-    async def answer(result: RolloutResult, form: str) -> ToolResult:
+def refused_read(surface: str) -> str | None:
+    """Why the caller may not read rollouts (logged in one line), or None."""
+    if (why := read_refusal(presented_token())) is not None:
+        log_refusal(surface, why)
+    return why
+
+
+def refused_result(
+    kwargs: dict, error: str, rollout_id: str = "", harness: str = "", sandbox: str = ""
+) -> RolloutResult:
+    return RolloutResult(
+        rollout_id=rollout_id,
+        ok=False,
+        phase="validate",
+        error=error,
+        harness=harness,
+        sandbox=sandbox,
+        variant=_variant(kwargs),
+    )
+
+
+class Tools:
+    """The MCP tools over one rollout service, one method each (`build_mcp` registers them)."""
+
+    def __init__(self, service: RolloutService) -> None:
+        self.service = service
+
+    async def summary_of(self, result: RolloutResult, note: str | None = None) -> ResultSummary:
+        rollout_id = result.rollout_id
+        manifest = await asyncio.to_thread(self.service.manifest, rollout_id) if rollout_id else None
+        return summarize(result, manifest, note)
+
+    async def answer(self, result: RolloutResult, form: str) -> ToolResult:
         """A finished result in the form asked for (summary when a compact/full one would not fit over MCP)."""
         if form == "summary":
-            return summary_tool_result(await summary_of(result))
+            return summary_tool_result(await self.summary_of(result))
         data = result.model_dump_json()
         if _bounded() and 2 * len(data) + ENVELOPE > SUMMARY_BYTES:
             size = len(data)
             del data
-            return summary_tool_result(await summary_of(result, too_big(form, size)))
+            return summary_tool_result(await self.summary_of(result, too_big(form, size)))
         return ToolResult(content=[TextContent(type="text", text=data)], structured_content=json.loads(data))
 
-    def asked_form(kwargs: dict) -> str:
-        """The form a refused or invalid request asked for, where it names one (its answer is small: `answer` still
-        bounds it), else this path's default."""
-        form = kwargs.get("result_form")
-        return form if form in ("summary", "compact", "full") else _DEFAULT_FORM.get()
-
-    async def run_rollout(ctx: Context, **kwargs) -> ToolResult:
-        """Run one coding-agent rollout on a task and return its reward and token-level trace.
-
-        Long-running: boots a sandbox, runs the agent with every model call captured, grades the diff in a fresh
-        sandbox. Progress notifications report each phase and each captured model call. Never raises: failures
-        come back with ok=false, the phase and the error. Pass `rollout_id` to make the call idempotent: calling
-        again with the same id attaches to the running rollout or returns its result.
-
-        Over MCP the answer is the result's summary (`result_form` summary, the default: ok, reward, grading,
-        findings, counts) with resource links to the whole result: read `result_uri` (page 0, its _meta naming the
-        pages and the sha256 of the whole) and each of `page_uris` with resources/read, or GET `http_path`.
-        """
+    async def run_rollout(self, ctx: Context, kwargs: dict) -> ToolResult:
         caller = presented_caller()  # before anything else: strangers learn nothing
         refusal = start_refusal(caller.token, headers=caller.headers, scheme=caller.scheme)
         if refusal is not None:
             log_refusal("run_rollout", refusal)
-            variant = _variant(kwargs)
-            refused = RolloutResult(
-                rollout_id="", ok=False, phase="validate", error=refusal, harness="", sandbox="", variant=variant
-            )
-            return await answer(refused, asked_form(kwargs))
+            return await self.answer(refused_result(kwargs, refusal), asked_form(kwargs))
         try:
             req = RolloutRequest.model_validate(kwargs)
         except ValueError as e:
-            invalid = RolloutResult(
-                rollout_id=str(kwargs.get("rollout_id") or ""),
-                ok=False,
-                phase="validate",
-                error=f"invalid arguments: {e}",
-                harness=str(kwargs.get("harness")),
-                sandbox=str(kwargs.get("sandbox")),
-                variant=_variant(kwargs),
+            rollout_id, harness, sandbox = (
+                str(kwargs.get("rollout_id") or ""),
+                *(str(kwargs.get(k)) for k in ("harness", "sandbox")),
             )
-            return await answer(invalid, asked_form(kwargs))
+            invalid = refused_result(kwargs, f"invalid arguments: {e}", rollout_id, harness, sandbox)
+            return await self.answer(invalid, asked_form(kwargs))
         form = req.result_form or _DEFAULT_FORM.get()
         step = 0
 
@@ -223,17 +228,10 @@ def build_mcp(service: RolloutService) -> FastMCP:
             step += 1
             await ctx.report_progress(step, None, message)
 
-        return await answer(await service.run(req, notify), form)
-
-    sig = inspect.signature(run_rollout)
-    run_rollout.__signature__ = sig.replace(parameters=[sig.parameters["ctx"], *_request_params()])
-    run_rollout.__annotations__ = {
-        "ctx": Context,
-        "return": ToolResult,
-        **{p.name: p.annotation for p in _request_params()},
-    }
+        return await self.answer(await self.service.run(req, notify), form)
 
     async def list_tasks(
+        self,
         split: str = "bundled",
         offset: Annotated[int, Field(ge=0)] = 0,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
@@ -250,19 +248,14 @@ def build_mcp(service: RolloutService) -> FastMCP:
             return await asyncio.to_thread(impossible_page, split, offset, limit)
         return task_page(split, offset, limit)
 
-    async def get_task_tool(
-        split: str = "bundled", index: Annotated[int | None, Field(ge=0)] = None, instance_id: str | None = None
+    async def get_task(
+        self, split: str = "bundled", index: Annotated[int | None, Field(ge=0)] = None, instance_id: str | None = None
     ) -> TaskView:
         """One task by index or instance id (never its gold or test patch)."""
         return get_task(split, index, instance_id).view()
 
-    def refused_read(surface: str) -> str | None:
-        """Why the caller may not read rollouts (logged in one line), or None."""
-        if (why := read_refusal(presented_token())) is not None:
-            log_refusal(surface, why)
-        return why
-
     async def get_rollout(
+        self,
         rollout_id: str,
         result_form: Annotated[
             Form | None,
@@ -275,15 +268,21 @@ def build_mcp(service: RolloutService) -> FastMCP:
         if (why := refused_read("get_rollout")) is not None:
             raise ToolError(why, log_level=logging.DEBUG)  # one line above, no traceback
         form = result_form or _DEFAULT_FORM.get()
+        service = self.service
         if form == "summary" and (stored := await asyncio.to_thread(service.result_summary, rollout_id)) is not None:
             listed = RolloutSummary.model_validate(stored.model_dump(include=set(RolloutSummary.model_fields)))
             return RolloutStatus(rollout_id=rollout_id, state="finished", summary=listed, result_summary=stored)
         found = await asyncio.to_thread(service.get, rollout_id)
         if found is None:
             raise TaskNotFound(f"no rollout {rollout_id!r}")
-        result = found.result
-        if result is None:
+        if found.result is None:
             return found
+        return await self._finished(found, form)
+
+    async def _finished(self, found: RolloutStatus, form: str) -> RolloutStatus:
+        """A finished rollout's status with its result in ``form`` where it fits, else its summary with a note."""
+        result = found.result
+        assert result is not None
         note = None
         if form == "full" and any(t.prompt_token_ids is None for t in result.turns):
             result = expand(result)
@@ -293,56 +292,43 @@ def build_mcp(service: RolloutService) -> FastMCP:
                 return found.model_copy(update={"result": result})
             note = too_big(form, size)
         del result
-        summary = await summary_of(found.result, note)  # type: ignore[arg-type]
+        summary = await self.summary_of(found.result, note)  # type: ignore[arg-type]
         return found.model_copy(update={"result": None, "result_summary": summary})
 
-    async def list_rollouts(limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> RolloutList:
+    async def list_rollouts(self, limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> RolloutList:
         """Rollouts in flight on this server, then the most recent finished ones."""
         if (why := refused_read("list_rollouts")) is not None:
             raise ToolError(why, log_level=logging.DEBUG)
-        return RolloutList(rollouts=service.list(limit))
+        return RolloutList(rollouts=self.service.list(limit))
 
-    async def cancel_rollout(rollout_id: str) -> bool:
+    async def cancel_rollout(self, rollout_id: str) -> bool:
         """Cancel a running rollout; its result comes back with ok=false and stop_reason `cancelled`."""
         why = lock_reason() or (None if access_ok(presented_token()) else ACCESS_REFUSED)
         if why is not None:  # a locked server says so, as run_rollout does
             log_refusal("cancel_rollout", why)
             raise ToolError(why, log_level=logging.DEBUG)
-        return service.cancel(rollout_id)
+        return self.service.cancel(rollout_id)
 
-    async def capabilities() -> Capabilities:
+    async def capabilities(self) -> Capabilities:
         """What this server offers: harnesses, sandbox backends, engine names, task splits, limits, and the API
         dialects /capture speaks."""
+        config = self.service.config
         return Capabilities(
             version=version("swe_gym_env"),
             harnesses=sorted(HARNESSES),
             sandboxes=sorted(BACKENDS),
-            engines=sorted(service.config.engines),
+            engines=sorted(config.engines),
             splits=split_names(),
-            limits={
-                **{f"concurrent_{k}": v for k, v in service.config.concurrency.items()},
-                "max_queue": service.config.max_queue,
-            },
+            limits={**{f"concurrent_{k}": v for k, v in config.concurrency.items()}, "max_queue": config.max_queue},
             dialects=list(DIALECTS),
             harness_info=harness_info(),
         )
 
-    for fn, name in [
-        (list_tasks, "list_tasks"),
-        (get_task_tool, "get_task"),
-        (get_rollout, "get_rollout"),
-        (list_rollouts, "list_rollouts"),
-        (cancel_rollout, "cancel_rollout"),
-        (capabilities, "capabilities"),
-    ]:
-        if name in RESERVED_TOOL_NAMES:
-            raise ValueError(f"tool name {name!r} is reserved by OpenEnv")
-        mcp.tool(fn, name=name)
-    mcp.tool(run_rollout, name="run_rollout", output_schema=_run_output_schema())
-
-    async def read_page(rollout_id: str, page: int) -> ResourceResult:
+    async def read_page(self, rollout_id: str, page: int) -> ResourceResult:
+        """One page of a finished rollout's stored result, with its _meta and the next page's URI."""
         if (why := refused_read("resources/read")) is not None:
             raise ResourceError(why, log_level=logging.DEBUG)  # one line above, not fastmcp's traceback
+        service = self.service
         path = service.store.path_of(rollout_id) if service.store is not None else None
         if path is None:
             rec = service.record(rollout_id)
@@ -359,17 +345,56 @@ def build_mcp(service: RolloutService) -> FastMCP:
         meta["next"] = page_uri(rollout_id, page + 1) if page + 1 < m.pages else None
         return ResourceResult(contents=[ResourceContent(text, mime_type="application/json", meta=meta)])
 
+
+def _run_rollout_tool(tools: Tools):
+    """`run_rollout` as fastmcp registers it: RolloutRequest's fields as its flat, typed, documented arguments."""
+
+    async def run_rollout(ctx: Context, **kwargs) -> ToolResult:
+        """Run one coding-agent rollout on a task and return its reward and token-level trace.
+
+        Long-running: boots a sandbox, runs the agent with every model call captured, grades the diff in a fresh
+        sandbox. Progress notifications report each phase and each captured model call. Never raises: failures
+        come back with ok=false, the phase and the error. Pass `rollout_id` to make the call idempotent: calling
+        again with the same id attaches to the running rollout or returns its result.
+
+        Over MCP the answer is the result's summary (`result_form` summary, the default: ok, reward, grading,
+        findings, counts) with resource links to the whole result: read `result_uri` (page 0, its _meta naming the
+        pages and the sha256 of the whole) and each of `page_uris` with resources/read, or GET `http_path`.
+        """
+        return await tools.run_rollout(ctx, kwargs)
+
+    sig = inspect.signature(run_rollout)
+    run_rollout.__signature__ = sig.replace(parameters=[sig.parameters["ctx"], *_request_params()])
+    run_rollout.__annotations__ = {
+        "ctx": Context,
+        "return": ToolResult,
+        **{p.name: p.annotation for p in _request_params()},
+    }
+    return run_rollout
+
+
+def _register_resources(mcp: FastMCP, tools: Tools) -> None:
     @mcp.resource(RESULT_URI, name="rollout_result", mime_type="application/json")
     async def rollout_result(rollout_id: str) -> ResourceResult:
         """A finished rollout's whole result (its stored JSON): page 0, its _meta naming every page (`page_uris`),
         the byte range, and the size and SHA-256 of the whole. The pages' texts joined are the result."""
-        return await read_page(rollout_id, 0)
+        return await tools.read_page(rollout_id, 0)
 
     @mcp.resource(PAGE_URI, name="rollout_result_page", mime_type="application/json")
     async def rollout_result_page(rollout_id: str, page: str) -> ResourceResult:
         """One page of a finished rollout's stored JSON (at most 512 KiB as it travels), with the same _meta."""
         if not page.isdigit() or len(page) > 9:
             raise ResourceError(f"not a page number: {page[:20]!r}")
-        return await read_page(rollout_id, int(page))
+        return await tools.read_page(rollout_id, int(page))
 
+
+def build_mcp(service: RolloutService) -> FastMCP:
+    mcp = FastMCP("swe_gym_env")
+    tools = Tools(service)
+    for name in ("list_tasks", "get_task", "get_rollout", "list_rollouts", "cancel_rollout", "capabilities"):
+        if name in RESERVED_TOOL_NAMES:
+            raise ValueError(f"tool name {name!r} is reserved by OpenEnv")
+        mcp.tool(getattr(tools, name), name=name)
+    mcp.tool(_run_rollout_tool(tools), name="run_rollout", output_schema=_run_output_schema())
+    _register_resources(mcp, tools)
     return mcp
