@@ -109,8 +109,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         reap_orphans(CAPTURE_DIR_PREFIX)
         sock_dir = owned_dir(CAPTURE_DIR_PREFIX, socket="capture.sock")
         os.chmod(sock_dir, 0o700)
-        config.capture_socket = sock_dir / "capture.sock"
-        uds = await _serve_capture_socket(capture, config.capture_socket)
+        service.sockets.capture = sock_dir / "capture.sock"
+        uds = await _serve_capture_socket(capture, service.sockets.capture)
         tcp = await _serve_capture_tcp(capture, sock_dir / CAPTURE_PORT_FILE)
         await probe_all()  # which sandboxes work here (cached): `auto` resolves without blocking a request later
         warm = asyncio.create_task(asyncio.to_thread(load_swebench))

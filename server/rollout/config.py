@@ -24,7 +24,6 @@ def concurrency_from_env() -> dict[str, int]:
 @dataclass
 class ServerConfig:
     engines: dict[str, EngineTarget]
-    capture_socket: Path | None = None
     results_dir: Path | None = None
     capture_db: Path | None = None  # durable capture store (SQLite); None: in memory only
     context_window: int = 8192  # what agents are told when the engine does not say

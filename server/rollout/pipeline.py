@@ -24,6 +24,7 @@ from swe_gym_env.server.rollout import agent_run
 from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
+from swe_gym_env.server.rollout.runtime import Sockets
 from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup, task_spec
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxBase, SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
@@ -99,8 +100,9 @@ class Plan:
 
 
 class Pipeline:
-    def __init__(self, config: ServerConfig, capture: CaptureProxy, engines: Engines) -> None:
+    def __init__(self, config: ServerConfig, capture: CaptureProxy, engines: Engines, sockets: Sockets) -> None:
         self.config = config
+        self.sockets = sockets
         self.capture = capture
         self.engines = engines
 
@@ -276,7 +278,7 @@ class Pipeline:
         spec = task_spec(
             plan.task,
             plan.req.sandbox,
-            capture_socket=self.config.capture_socket,
+            capture_socket=self.sockets.capture,
             ro_mounts=mounts,
             labels={"rollout": rec.rollout_id, "role": "agent"},
             deadline_s=plan.req.deadline_s + 60,  # expires by itself even if this server dies

@@ -32,6 +32,7 @@ from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.pipeline import Pipeline
 from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
+from swe_gym_env.server.rollout.runtime import Sockets
 from swe_gym_env.server.sandbox.errors import SandboxUnavailable
 from swe_gym_env.server.sandbox.preflight import default_sandbox
 from swe_gym_env.server.sandbox.registry import reap_orphans
@@ -92,7 +93,8 @@ class RolloutService:
         self.rollouts: dict[str, RolloutRecord] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self.engines = Engines(config)
-        self.pipeline = Pipeline(config, capture, self.engines)
+        self.sockets = Sockets()  # set by the app's lifespan
+        self.pipeline = Pipeline(config, capture, self.engines, self.sockets)
         busy = lambda: {r.rollout_id for r in self.live()}  # noqa: E731
         self.retention = Retention(config.retention, self.store, capture.store, busy=busy)
 
