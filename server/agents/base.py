@@ -168,6 +168,7 @@ class Harness(Protocol):
     needs_node: ClassVar[bool]  # runs on Node (>= 20.6): its bundle carries one, never the image's
     min_context_tokens: ClassVar[int]  # the least engine context it works in: its own prompt + room to act
     needs_pty: ClassVar[bool]  # its terminal tool runs a shell on a pty: on sandboxes with `has_ptys` or `gives_ptys`
+    takes_given_ptys: ClassVar[bool]  # pty pairs opened for it will do (`gives_ptys`); else only `has_ptys` sandboxes
     # its bundle (server/agents/bundle.py): what goes in, the image's glibc floor, the boot probe, the JS runtime
     # inside that can check the digest where the image has no sha256sum
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]]

@@ -256,6 +256,7 @@ class BundledHarness:
     bundle_inputs: ClassVar[tuple[str, ...]] = ()
     installer: ClassVar[str] = "npm install"
     needs_pty: ClassVar[bool] = False  # its terminal runs a shell on a pty: sandboxes with `has_ptys` / `gives_ptys`
+    takes_given_ptys: ClassVar[bool] = True  # False: only a pty its own process makes will do (`has_ptys` only)
     python_runtime: ClassVar[str | None] = None  # a Python agent's runtime: "host" or "debian" (Harness)
 
     def install_dir(self) -> Path:

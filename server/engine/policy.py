@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -223,12 +224,27 @@ class OraclePolicy(Policy):
             return [*actions, Reply(tool_calls=[(shell[0], {shell[1]: SUBMIT_COMMAND})])]
         return [*actions, Reply(content=DONE)]
 
+    def keystrokes_plan(self, task: Task, workdir: str | None, fmt: str) -> list[Reply]:
+        """The gold patch as keystrokes for an agent without tools that types into a terminal (Terminus-2, reply
+        format ``fmt``): one command line (the patch base64-encoded: no heredoc, no tab for the shell's completion
+        to take), then "task complete" twice (it asks once to confirm)."""
+        b64 = base64.b64encode(task.patch.encode()).decode()
+        cd = shlex.quote(workdir or task.workdir)
+        lines = [f"cd {cd} && printf %s {b64} | base64 -d | git apply && git status --short\n"]
+        if self.probe:
+            lines.insert(0, self.probe + "\n")
+        return [*(_keystrokes(fmt, [line], False) for line in lines), _keystrokes(fmt, [], True)]
+
     def reply(self, messages, tools):
         prompt_text = "\n".join(_text(m.get("content")) for m in messages if m.get("role") in ("user", "system"))
         task = find_task(prompt_text)
         if task is None:
             return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
         where = WORKDIR_IN_PROMPT.search(prompt_text)  # as an agent would: the work tree its prompt names
+        fmt = None if tools else next((f for f, mark in KEYSTROKE_FORMATS.items() if mark in prompt_text), None)
+        if fmt is not None:  # Terminus-2: no tools; keystrokes for its terminal, in its reply format
+            keys = self.keystrokes_plan(task, where.group(1) if where else None, fmt)
+            return keys[min(_step(messages), len(keys) - 1)]
         plan = self.plan(task, tools, where.group(1) if where else None, SUBMIT_COMMAND in prompt_text)
         step = _step(messages)
         return plan[step] if step < len(plan) else Reply(content=DONE)
@@ -337,6 +353,24 @@ def _codex_patch(patch: str, workdir: str) -> str:
             lines.append(" ")
     lines.append("*** End Patch")
     return "\n".join(lines) + "\n"
+
+
+# agents that answer in text a terminal is driven by (Terminus-2's templates), by the line its prompt says it in
+KEYSTROKE_FORMATS = {"json": "Format your response as JSON", "xml": "Format your response as XML"}
+
+
+def _keystrokes(fmt: str, lines: list[str], complete: bool) -> Reply:
+    """One Terminus-2 reply: ``lines`` typed into its terminal (1 s each), ``complete`` its task_complete."""
+    analysis, plan = "The fix is the task's gold patch.", "Apply it." if lines else "The task is complete."
+    if fmt == "xml":
+        keys = "".join(f'<keystrokes duration="1.0">{line}</keystrokes>\n' for line in lines)
+        return Reply(
+            content=f"<response>\n<analysis>{analysis}</analysis>\n<plan>{plan}</plan>\n<commands>\n{keys}"
+            f"</commands>\n<task_complete>{str(complete).lower()}</task_complete>\n</response>"
+        )
+    commands = [{"keystrokes": line, "duration": 1.0} for line in lines]
+    body = {"analysis": analysis, "plan": plan, "commands": commands, "task_complete": complete}
+    return Reply(content=json.dumps(body, indent=2))
 
 
 WORKDIR_IN_PROMPT = re.compile(r"working in a git repository at (/\S+?)\.\s")
