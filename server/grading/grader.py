@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import shlex
@@ -37,14 +38,16 @@ from swe_gym_env.server.grading.script import (
     TESTS_DIR,
     TESTS_STEP,
     Guarded,
+    PytestCommand,
     eval_script,
     guard_row_script,
     pad_pair,
     row_eval_wrapper,
 )
+from swe_gym_env.server.grading.taskenv import ensure_env
 from swe_gym_env.server.grading.verdict import Grade, Run, _failed_report, judge, parse_junit
 from swe_gym_env.server.sandbox.base import Sandbox
-from swe_gym_env.tasks.envs import EnvError, ensure_env
+from swe_gym_env.tasks.envs import EnvError
 from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import Finding
 
@@ -126,34 +129,14 @@ async def _run_tests(
     after it is applied (`script.TESTS_STEP`): the test patch's own text padded in a main run, the mutants padded to
     the same length in a canary run, the mutants alone while canaries are built."""
     guard = Guarded.new(junit=plan.cross_check == "node_ids") if plan.cross_check != "not_pytest" else None
-    row_script = spec.eval_script if spec is not None else None  # type: ignore[attr-defined]
-    first = None
-    if row_script is not None:  # every run's script the same text, canaries or not (`script.TESTS_STEP`)
-        spliced = canaries.splice_row_script(row_script, task.test_files(), [TESTS_STEP, NORMALISE])
-        if spliced is None and test_files:
-            raise GradingError("the row's eval script does not apply its test patch in a heredoc: no canaries")
-        row_script, first = guard_row_script(spliced or row_script, guard)
+    row_script, first = _row_script(task, spec, guard, test_files)
     sbx = await make_sandbox()
     clock.lap("grade.sandbox")
     junit = junit_error = record = junit_bytes = None
     try:
-        try:
-            environment = await ensure_env(sbx, task)
-        except EnvError as e:
-            raise GradingError(str(e)) from e
+        environment = await _ensure_env(sbx, task)
         clock.lap("grade.env")
-        await sbx.write_file(f"{GRADING_DIR}/model.patch", patch.encode())
-        await sbx.write_file(f"{GRADING_DIR}/test.patch", task.test_patch.encode())
-        for path, data in sorted((test_files or {}).items()):
-            await sbx.write_file(f"{TESTS_DIR}/{path}", data)
-        if guard is not None:
-            await guard.install(sbx)
-        if row_script is not None:
-            await sbx.write_file(f"{GRADING_DIR}/row_eval.sh", row_script.encode(), 0o700)
-            script = row_eval_wrapper(task, bool(patch.strip()), first)
-        else:
-            script = eval_script(task, bool(patch.strip()), guard)
-        await sbx.write_file(f"{GRADING_DIR}/eval.sh", script.encode(), 0o700)
+        await _write_run(sbx, task, patch, test_files, guard, row_script, first)
         t0 = time.monotonic()
         res = await sbx.exec(f"bash {GRADING_DIR}/eval.sh", timeout=timeout_s)
         duration = time.monotonic() - t0
@@ -162,24 +145,78 @@ async def _run_tests(
             raise GradingError(f"pytest's setup could not be resolved at base_commit: {res.stdout[-600:]}")
         ran = START in res.stdout and APPLY_FAILED not in res.stdout and not res.timed_out
         if guard is not None and ran:
-            if guard.junit:
-                try:
-                    junit_bytes = await sbx.read_file(guard.junit_path, JUNIT_LIMIT)
-                    junit = parse_junit(junit_bytes)
-                except Exception as e:
-                    junit_error = f"{type(e).__name__}: {e}"
-            try:
-                record = integrity.read_record(
-                    await sbx.read_file(guard.record_path, integrity.RECORD_LIMIT), guard.key
-                )
-            except Exception:
-                record = None  # no record: the launcher never started, or the record was removed
+            junit_bytes, junit, junit_error, record = await _guard_outputs(sbx, guard)
     finally:
         clock.lap("grade.parse")  # the JUnit report and the record (or the step that failed)
         await sbx.close()
         clock.lap("grade.close")
     log = res.stdout + "\n" + res.stderr
     return Run(log, res.timed_out, timeout_s, duration, environment, junit, junit_error, record, junit_bytes)
+
+
+def _row_script(
+    task: Task, spec, guard: Guarded | None, test_files: dict[str, bytes] | None
+) -> tuple[str | None, PytestCommand | None]:
+    """The row's own eval script as a run gets it (None: the row has none, our script runs) and its first pytest
+    command: every run's script the same text, canaries or not (`script.TESTS_STEP`)."""
+    row_script = spec.eval_script if spec is not None else None  # type: ignore[attr-defined]
+    if row_script is None:
+        return None, None
+    spliced = canaries.splice_row_script(row_script, task.test_files(), [TESTS_STEP, NORMALISE])
+    if spliced is None and test_files:
+        raise GradingError("the row's eval script does not apply its test patch in a heredoc: no canaries")
+    return guard_row_script(spliced or row_script, guard)
+
+
+async def _ensure_env(sbx: Sandbox, task: Task) -> str:
+    """The task's environment in the sandbox (its name); a `GradingError` where it cannot be had."""
+    try:
+        return await ensure_env(sbx, task)
+    except EnvError as e:
+        raise GradingError(str(e)) from e
+
+
+async def _write_run(
+    sbx: Sandbox,
+    task: Task,
+    patch: str,
+    test_files: dict[str, bytes] | None,
+    guard: Guarded | None,
+    row_script: str | None,
+    first: PytestCommand | None,
+) -> None:
+    """A run's files into its sandbox: the two patches, the run's test files, the guard, the eval script."""
+    await sbx.write_file(f"{GRADING_DIR}/model.patch", patch.encode())
+    await sbx.write_file(f"{GRADING_DIR}/test.patch", task.test_patch.encode())
+    for path, data in sorted((test_files or {}).items()):
+        await sbx.write_file(f"{TESTS_DIR}/{path}", data)
+    if guard is not None:
+        await guard.install(sbx)
+    if row_script is not None:
+        await sbx.write_file(f"{GRADING_DIR}/row_eval.sh", row_script.encode(), 0o700)
+        script = row_eval_wrapper(task, bool(patch.strip()), first)
+    else:
+        script = eval_script(task, bool(patch.strip()), guard)
+    await sbx.write_file(f"{GRADING_DIR}/eval.sh", script.encode(), 0o700)
+
+
+async def _guard_outputs(
+    sbx: Sandbox, guard: Guarded
+) -> tuple[bytes | None, dict[tuple[str, str], str] | None, str | None, integrity.Record | None]:
+    """What a guarded run left: the JUnit report (its bytes, its statuses, or why it is unreadable) and the guard's
+    verified record (None: the launcher never started, or the record was removed)."""
+    junit_bytes = junit = junit_error = None
+    if guard.junit:
+        try:
+            junit_bytes = await sbx.read_file(guard.junit_path, JUNIT_LIMIT)
+            junit = parse_junit(junit_bytes)
+        except Exception as e:
+            junit_error = f"{type(e).__name__}: {e}"
+    try:
+        record = integrity.read_record(await sbx.read_file(guard.record_path, integrity.RECORD_LIMIT), guard.key)
+    except Exception:
+        record = None  # no record: the launcher never started, or the record was removed
+    return junit_bytes, junit, junit_error, record
 
 
 def _broke(task: Task, plan: Plan, run: Run, how: str) -> Grade:
@@ -218,62 +255,34 @@ async def grade(
     runs showed are the ones allowed, and there is no canary check (its tests are the canaries already)."""
     clock = _Clock(timings)
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
-    swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
-    plan = plan_for(task, swebench)
-    spec = row_test_spec(task, swebench) if task.eval_script else None
-    ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, clock, deadline)
+    ctx = await _grading(task, make_sandbox, timeout_s, cache_key, clock, deadline)
     clock.lap("grade.imports")
     tree = await base_tree(ctx)
     clock.lap("grade.base")
     patch, dropped = filter_model_patch(model_patch, task, tree)
     touched = {p for _, section in split_patch(patch) for p in integrity.section_paths(section)}
-    use_canaries = use_canaries and variant_of is None
-    entry = None
-    if use_canaries:
-        if _stored_canaries(task) is None:  # first use (`prepare` does it outside a rollout's deadline)
-            t = time.monotonic()
-            await task_canaries(ctx)  # before the model's run: it also measures the gold patch's statuses and events
-            if timings is not None:
-                timings["grade.prepare"] = timings.get("grade.prepare", 0.0) + time.monotonic() - t
-            clock.t = time.monotonic()
-        entry = _stored_canaries(task)
+    entry = await _canaries_for(ctx) if use_canaries and variant_of is None else None
     events = _gold_events(variant_of or task)
     gold = _gold_statuses(variant_of or task) if variant_of is None else {}
     if patch.strip() and runtimes.runtime(task, cache_key) is None:
         await _baseline(ctx)  # the empty patch's run first: its run time sizes this run's timeout
     pair = _canary_pair(entry)
+    # which of the two runs goes first is a coin's: no order to tell them apart by
     canary_first = pair is not None and bool(patch.strip()) and secrets.randbelow(2) == 1
-    canary_broke = None
-    if canary_first:  # which of the two runs goes first is a coin's: no order to tell them apart by
-        early = await _check_canaries(ctx, patch, touched, None, events, gold)
-        if early is not None and early.report.canaries == BROKE:
-            canary_broke = early  # it counts only where the main run completes with 1.0 (else the main run says)
-        elif early is not None:
-            early.dropped_files = list(dict.fromkeys(dropped))
-            return early
-    run = await _run_tests(task, patch, make_sandbox, plan, spec, ctx.limit(), clock, pair[0] if pair else None)
+    early = await _check_canaries(ctx, patch, touched, None, events, gold) if canary_first else None
+    if early is not None and early.report.canaries != BROKE:  # a broken one counts only where the main run gets 1.0
+        early.dropped_files = list(dict.fromkeys(dropped))
+        return early
+    run = await _run_tests(task, patch, make_sandbox, ctx.plan, ctx.spec, ctx.limit(), clock, pair[0] if pair else None)
     try:
-        g = judge(task, run, swebench, plan, touched, events, gold)
+        g = judge(task, run, ctx.swebench, ctx.plan, touched, events, gold)
     except BrokenRun as e:
-        how = str(e)
-        if not patch.strip():
-            if ctx.cut_short(run) is None:
-                runtimes.record_baseline(task, cache_key, how)
-            raise GradingError(how) from e
-        why = await _baseline(ctx)
-        if why is not None:
-            raise GradingError(f"{how} (the empty patch's run broke too: {why}: infra, not the patch)") from e
-        if (short := ctx.cut_short(run)) is not None:
-            raise GradingError(short) from e
-        g = _broke(task, plan, run, how)
+        g = await _broken_main_run(ctx, patch, run, e)
     else:
-        if not run.timed_out:
-            runtimes.record_runtime(task, cache_key, run.duration_s)
-        if not patch.strip():
-            runtimes.record_baseline(task, cache_key, None)
-        if g.reward == 1.0 and use_canaries and entry is not None:
-            if canary_broke is not None:
-                g = canary_broke
+        _record_main_run(ctx, patch, run)
+        if g.reward == 1.0 and entry is not None:
+            if early is not None:  # the canary run went first and broke
+                g = early
             elif canary_first:
                 g.report = g.report.model_copy(update={"canaries": _held(entry)})
             else:
@@ -281,6 +290,58 @@ async def grade(
     g.dropped_files = list(dict.fromkeys(dropped))
     clock.lap("grade.parse")
     return g
+
+
+async def _grading(
+    task: Task,
+    make_sandbox: Callable[[], Awaitable[Sandbox]],
+    timeout_s: float,
+    cache_key: str,
+    clock: _Clock,
+    deadline: float | None,
+) -> _Grading:
+    """What the runs of one grading share: swebench loaded (in a thread the first time), the task's plan and spec."""
+    swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
+    plan = plan_for(task, swebench)
+    spec = row_test_spec(task, swebench) if task.eval_script else None
+    return _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, clock, deadline)
+
+
+async def _canaries_for(ctx: _Grading) -> dict | None:
+    """The task's stored canaries, built first at their first use (`prepare` does it outside a rollout's deadline):
+    before the model's run, as building them also measures the gold patch's statuses and events."""
+    task, clock = ctx.task, ctx.clock
+    if _stored_canaries(task) is None:
+        t = time.monotonic()
+        await task_canaries(ctx)
+        if clock.timings is not None:
+            clock.timings["grade.prepare"] = clock.timings.get("grade.prepare", 0.0) + time.monotonic() - t
+        clock.t = time.monotonic()
+    return _stored_canaries(task)
+
+
+async def _broken_main_run(ctx: _Grading, patch: str, run: Run, e: BrokenRun) -> Grade:
+    """The grade of a model patch whose run left nothing to grade: the patch's fault (a 0.0) only where the empty
+    patch's run completes and the deadline did not cut the run short; a `GradingError` (infra) otherwise."""
+    task, key, how = ctx.task, ctx.cache_key, str(e)
+    if not patch.strip():
+        if ctx.cut_short(run) is None:
+            runtimes.record_baseline(task, key, how)
+        raise GradingError(how) from e
+    why = await _baseline(ctx)
+    if why is not None:
+        raise GradingError(f"{how} (the empty patch's run broke too: {why}: infra, not the patch)") from e
+    if (short := ctx.cut_short(run)) is not None:
+        raise GradingError(short) from e
+    return _broke(task, ctx.plan, run, how)
+
+
+def _record_main_run(ctx: _Grading, patch: str, run: Run) -> None:
+    """A completed run's measurements: the task's run time, and the baseline where the patch was empty."""
+    if not run.timed_out:
+        runtimes.record_runtime(ctx.task, ctx.cache_key, run.duration_s)
+    if not patch.strip():
+        runtimes.record_baseline(ctx.task, ctx.cache_key, None)
 
 
 # -- base_commit's tree ----------------------------------------------------------------------------------------------
@@ -331,10 +392,7 @@ async def _measure_base(ctx: _Grading) -> dict:
     task, q = ctx.task, shlex.quote
     sbx = await ctx.make_sandbox()
     try:
-        try:
-            await ensure_env(sbx, task)
-        except EnvError as e:
-            raise GradingError(str(e)) from e
+        await _ensure_env(sbx, task)
         await sbx.write_file(f"{GRADING_DIR}/base.py", _BASE_SCRIPT.encode())
         script = "\n".join(
             [
@@ -470,59 +528,18 @@ async def _build_canaries(ctx: _Grading) -> dict:
         return _no_canaries(f"the gold patch itself loses {dropped[:5]} to the file filter", set(), {})
     touched = {p for _, section in split_patch(gold) for p in integrity.section_paths(section)}
     events: set[str] = set()
-
-    async def gold_runs(mutated: dict[str, str] | None, n: int) -> list[Grade] | str:
-        """``n`` gold runs at once (a str: why the runs are no use)."""
-        runs = await asyncio.gather(
-            *[
-                _run_tests(
-                    task, gold, ctx.make_sandbox, ctx.plan, ctx.spec, ctx.timeout_s, _Clock(None), _encoded(mutated)
-                )
-                for _ in range(n)
-            ]
-        )
-        grades = []
-        for run in runs:
-            events.update(_run_events(run))
-            try:
-                g = judge(task, run, ctx.swebench, ctx.plan, touched, frozenset(events))
-            except BrokenRun as e:
-                return f"the gold patch's run broke: {str(e)[:300]}"
-            if g.report.integrity != "clean":
-                return f"the gold patch's run was not clean: {g.report.integrity[:300]}"
-            grades.append(g)
-        return grades
-
+    gold_runs = functools.partial(_gold_runs, ctx, gold, touched, events)
     plain = await gold_runs(None, 1)
     if isinstance(plain, str):
         return _no_canaries(plain, events, {})
     statuses = dict(plain[0].statuses)
-    targets: list[canaries.Target] = []
-    files: dict[str, str] = {}
-    if task.eval_script and canaries.splice_row_script(task.eval_script, task.test_files(), [TESTS_STEP]) is None:
-        why = "the row's eval script does not apply its test patch in a heredoc"
-    else:
-        files = await _test_files(ctx)
-        targets, why = canaries.targets(list(task.FAIL_TO_PASS), files)
+    files, targets, why = await _canary_targets(ctx)
     if not targets:
         return _no_canaries(why, events, statuses)
-    kept: list[tuple[canaries.Target, canaries.Site]] = []
-    killed: list[str] = []
-    pending = targets
-    for r in range(canaries.ROUNDS):
-        chosen = [(t, t.sites[r]) for t in pending if len(t.sites) > r]
-        if not chosen:
-            break
-        got = await gold_runs(canaries.round_files(files, chosen), 2)
-        if isinstance(got, str):
-            return _no_canaries(got, events, statuses)
-        dead = set(got[0].report.fail_to_pass["failure"]) & set(got[1].report.fail_to_pass["failure"])
-        for target, site in chosen:
-            ids = [i for i in target.ids if i in dead]
-            if ids:
-                kept.append((target, site))
-                killed += ids
-        pending = [t for t in pending if not any(t is k for k, _ in kept)]
+    got = await _gold_killed(files, targets, gold_runs)
+    if isinstance(got, str):
+        return _no_canaries(got, events, statuses)
+    kept, killed = got
     if not kept:
         return _no_canaries("the gold patch passes every mutant tried", events, statuses)
     mutants = canaries.round_files(files, kept)
@@ -535,6 +552,68 @@ async def _build_canaries(ctx: _Grading) -> dict:
         "events": sorted(events),
         "gold": statuses,
     }
+
+
+async def _gold_runs(
+    ctx: _Grading, gold: str, touched: set[str], events: set[str], mutated: dict[str, str] | None, n: int
+) -> list[Grade] | str:
+    """``n`` gold runs at once, with ``mutated`` in place of the test files where given (a str: why the runs are no
+    use); the runtime events they show go into ``events``."""
+    task = ctx.task
+    runs = await asyncio.gather(
+        *[
+            _run_tests(task, gold, ctx.make_sandbox, ctx.plan, ctx.spec, ctx.timeout_s, _Clock(None), _encoded(mutated))
+            for _ in range(n)
+        ]
+    )
+    grades = []
+    for run in runs:
+        events.update(_run_events(run))
+        try:
+            g = judge(task, run, ctx.swebench, ctx.plan, touched, frozenset(events))
+        except BrokenRun as e:
+            return f"the gold patch's run broke: {str(e)[:300]}"
+        if g.report.integrity != "clean":
+            return f"the gold patch's run was not clean: {g.report.integrity[:300]}"
+        grades.append(g)
+    return grades
+
+
+async def _canary_targets(ctx: _Grading) -> tuple[dict[str, str], list[canaries.Target], str | None]:
+    """The test patch's Python files and the FAIL_TO_PASS tests' targets in them (none: why not)."""
+    task = ctx.task
+    if task.eval_script and canaries.splice_row_script(task.eval_script, task.test_files(), [TESTS_STEP]) is None:
+        return {}, [], "the row's eval script does not apply its test patch in a heredoc"
+    files = await _test_files(ctx)
+    targets, why = canaries.targets(list(task.FAIL_TO_PASS), files)
+    return files, targets, why
+
+
+async def _gold_killed(
+    files: dict[str, str],
+    targets: list[canaries.Target],
+    gold_runs: Callable[[dict[str, str] | None, int], Awaitable[list[Grade] | str]],
+) -> tuple[list[tuple[canaries.Target, canaries.Site]], list[str]] | str:
+    """The mutations the gold patch fails in both of two runs, and the test ids they kill: a round per candidate
+    site, every pending target's next one at once (a str: why the gold runs are no use)."""
+    kept: list[tuple[canaries.Target, canaries.Site]] = []
+    killed: list[str] = []
+    pending = targets
+    for r in range(canaries.ROUNDS):
+        chosen = [(t, t.sites[r]) for t in pending if len(t.sites) > r]
+        if not chosen:
+            break
+        got = await gold_runs(canaries.round_files(files, chosen), 2)
+        if isinstance(got, str):
+            return got
+        dead = set(got[0].report.fail_to_pass["failure"]) & set(got[1].report.fail_to_pass["failure"])
+        for target, site in chosen:
+            ids = [i for i in target.ids if i in dead]
+            if ids:
+                kept.append((target, site))
+                killed += ids
+        pending = [t for t in pending if not any(t is k for k, _ in kept)]
+    return kept, killed
 
 
 def _no_canaries(why: str | None, events: set[str], statuses: dict[str, str]) -> dict:
@@ -632,10 +711,7 @@ async def prepare(
     need_tree = not _has_tree(task, cache_key)
     if not (need_runtime or need_canaries or need_tree):
         return
-    swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
-    plan = plan_for(task, swebench)
-    spec = row_test_spec(task, swebench) if task.eval_script else None
-    ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, _Clock(None), None)
+    ctx = await _grading(task, make_sandbox, timeout_s, cache_key, _Clock(None), None)
     await base_tree(ctx)
     if need_runtime:
         await _baseline(ctx)
@@ -669,10 +745,7 @@ async def prepare_impossible(
     entry = _stored_canaries(task)
     if entry is not None and (not entry["tests"] or isinstance(entry.get("originals"), dict)):
         return
-    swebench = load_swebench() if _swebench_loaded() else await asyncio.to_thread(load_swebench)
-    plan = plan_for(task, swebench)
-    spec = row_test_spec(task, swebench) if task.eval_script else None
-    ctx = _Grading(task, make_sandbox, swebench, plan, spec, timeout_s, cache_key, _Clock(None), None)
+    ctx = await _grading(task, make_sandbox, timeout_s, cache_key, _Clock(None), None)
     entry = await task_canaries(ctx)
     if not entry["tests"] or isinstance(entry.get("originals"), dict):
         return

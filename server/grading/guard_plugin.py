@@ -189,6 +189,17 @@ def _getframe(depth):
 
 _get_ident = getattr(_thread, "get_ident", None) or (lambda: 0)
 _BUSY = set()  # threads inside the hook (its own frame and attribute reads raise events too)
+
+
+def _hold():
+    """This thread's id, now inside the hook (None: it is already: the guard's own frame and attribute reads)."""
+    tid = _get_ident()
+    if tid in _BUSY:
+        return None
+    _BUSY.add(tid)
+    return tid
+
+
 _RT_SEEN = set()
 _RT_LIMIT = [2000]
 # modules that fetch frames on behalf of their caller (their caller is who asked); any other library frame asking
@@ -306,15 +317,7 @@ def _event(ev, args):
     """What the hook records of one event (None: nothing); runs with the hook's reentrancy guard held."""
     frame = _getframe(2)
     if ev in _ANY_EVENTS:
-        if ev in ("sys.settrace", "sys.setprofile") and _innermost(frame).endswith(_SEP + "threading.py"):
-            # threading.settrace's function, set in a new thread by threading's bootstrap: whose function it is
-            hook = getattr(threading, "_trace_hook" if ev == "sys.settrace" else "_profile_hook", None)
-            who = _kind(_code_file(hook)) if hook is not None else None
-            if who is None or who[0] in ("lib", "guard"):
-                return None
-        else:
-            who = _who(frame, "any")
-        return who and (_ANY_EVENTS[ev], "", who)
+        return _any_event(ev, frame)
     if ev in _FRAME_EVENTS:
         who = _who(frame, "frame")
         return who and (ev, "", who)
@@ -327,43 +330,72 @@ def _event(ev, args):
         who = _who(frame, "any")
         return who and ("set " + args[1], _shown(_code_file(args[0])), who)
     if ev == "object.__getattr__":
-        if len(args) < 2:
-            return None
-        if args[1] == "__code__":
-            kind, name = _kind(_code_file(args[0]))
-            if kind != "tree":
-                return None
-            who = _who(frame, "frame")
-            return who and ("read __code__", name, who)
-        if args[1] == "tb_frame":
-            who = _who(frame, "direct")
-            return who and ("tb_frame", "", who)
-        return None
+        return _getattr_event(args, frame)
     if ev == "open":
-        path = args[0] if args else None
-        if isinstance(path, bytes):
-            path = path.decode("utf-8", "replace")
-        if not isinstance(path, str) or not path.endswith((".py", ".pyc")):
-            return None
-        if _innermost(frame).startswith("<frozen importlib"):
-            return None  # the import system loading a module (an import from the tree is not a read of it)
-        if not os.path.isabs(path):
-            path = os.path.join(os.getcwd(), path)
-        if not _realpath(path).startswith(_CWD_SEP):
-            return None
-        who = _who(frame, "any")
-        return who and ("open", _pyc_source(_realpath(path)[len(_CWD_SEP) :]), who)
+        return _open_event(args, frame)
     if ev == "compile" or ev == "code.__new__":
-        claimed = args[1] if len(args) > 1 else None
-        if isinstance(claimed, bytes):
-            claimed = claimed.decode("utf-8", "replace")
-        if not isinstance(claimed, str) or not claimed or claimed[0] == "<":
-            return None
-        who = _who(frame, "direct")
-        if who is None or _kind(claimed) == who:
-            return None
-        return who and ("compile as" if ev == "compile" else "code as", _shown(claimed), who)
+        return _compile_event(ev, args, frame)
     return None
+
+
+def _any_event(ev, frame):
+    """An event recorded whoever raised it, outside the libraries (threading's bootstrap setting a new thread's trace
+    or profile function: for whose function it is)."""
+    if ev in ("sys.settrace", "sys.setprofile") and _innermost(frame).endswith(_SEP + "threading.py"):
+        # threading.settrace's function, set in a new thread by threading's bootstrap: whose function it is
+        hook = getattr(threading, "_trace_hook" if ev == "sys.settrace" else "_profile_hook", None)
+        who = _kind(_code_file(hook)) if hook is not None else None
+        if who is None or who[0] in ("lib", "guard"):
+            return None
+    else:
+        who = _who(frame, "any")
+    return who and (_ANY_EVENTS[ev], "", who)
+
+
+def _getattr_event(args, frame):
+    """A read of a tree function's ``__code__`` or of a traceback's frame."""
+    if len(args) < 2:
+        return None
+    if args[1] == "__code__":
+        kind, name = _kind(_code_file(args[0]))
+        if kind != "tree":
+            return None
+        who = _who(frame, "frame")
+        return who and ("read __code__", name, who)
+    if args[1] == "tb_frame":
+        who = _who(frame, "direct")
+        return who and ("tb_frame", "", who)
+    return None
+
+
+def _open_event(args, frame):
+    """An open of one of the tree's Python (or bytecode) files, other than by the import system."""
+    path = args[0] if args else None
+    if isinstance(path, bytes):
+        path = path.decode("utf-8", "replace")
+    if not isinstance(path, str) or not path.endswith((".py", ".pyc")):
+        return None
+    if _innermost(frame).startswith("<frozen importlib"):
+        return None  # the import system loading a module (an import from the tree is not a read of it)
+    if not os.path.isabs(path):
+        path = os.path.join(os.getcwd(), path)
+    if not _realpath(path).startswith(_CWD_SEP):
+        return None
+    who = _who(frame, "any")
+    return who and ("open", _pyc_source(_realpath(path)[len(_CWD_SEP) :]), who)
+
+
+def _compile_event(ev, args, frame):
+    """Code compiled (or a code object made) under the name of a file that is not the caller's."""
+    claimed = args[1] if len(args) > 1 else None
+    if isinstance(claimed, bytes):
+        claimed = claimed.decode("utf-8", "replace")
+    if not isinstance(claimed, str) or not claimed or claimed[0] == "<":
+        return None
+    who = _who(frame, "direct")
+    if who is None or _kind(claimed) == who:
+        return None
+    return who and ("compile as" if ev == "compile" else "code as", _shown(claimed), who)
 
 
 def _audit_hook(ev, args):
@@ -373,10 +405,9 @@ def _audit_hook(ev, args):
         return
     if ev == "object.__setattr__" and (len(args) < 2 or args[1] not in _SET_ATTRS):
         return
-    tid = _get_ident()
-    if tid in _BUSY:
+    tid = _hold()
+    if tid is None:
         return
-    _BUSY.add(tid)
     try:
         got = _event(ev, args)
         if got:
@@ -390,10 +421,11 @@ def _audit_hook(ev, args):
 
 def _note_here(label):
     """Record ``label`` for the code calling a guard wrapper (thread starts, threading's trace setters)."""
-    tid = _get_ident()
-    if tid in _BUSY or not _HAS_FRAMES:
+    if not _HAS_FRAMES:
         return
-    _BUSY.add(tid)
+    tid = _hold()
+    if tid is None:
+        return
     try:
         who = _who(_getframe(2), "any")
         if who:
@@ -461,10 +493,9 @@ def _eq_check(obj):
     kind, name = _eq_origin(tp)
     if kind in ("lib", "guard"):
         return
-    tid = _get_ident()
-    if tid in _BUSY:
+    tid = _hold()
+    if tid is None:
         return
-    _BUSY.add(tid)
     try:
         sentinel = object()
         try:

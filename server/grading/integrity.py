@@ -85,56 +85,97 @@ def read_record(data: bytes, key: bytes) -> Record:
     line's MAC, with a key the test process never held. The first line that does not verify ends what is trusted.
     Inside the chain, the guard's own lines (its pid, its numbering) are checked too: a line that is not the guard's
     (something else in the test process writing to the pipe) or a test phase recorded twice is tampering."""
-    rec = Record()
-    prev = ""
-    guard_pid: int | None = None
-    guard_seq = 0
-    collector = exited = False
-    phases: dict[tuple[str, str], int] = {}
+    chain = _Chain(key)
     for n, raw in enumerate(data.splitlines()):
-        try:
-            outer = json.loads(raw)
-            payload, mac, seq = outer["p"], str(outer["mac"]), outer["n"]
-            if not isinstance(payload, str) or seq != n:
-                raise ValueError
-        except (ValueError, KeyError, TypeError):
-            rec.problems.append(f"the outcome record has a line the collector did not write (line {n + 1})")
+        if not chain.read(n, raw):
             break
-        want = hmac.new(key, (prev + str(n) + "\n" + payload).encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(want, mac):
-            rec.problems.append(f"the outcome record was altered (bad MAC at line {n + 1})")
-            break
-        prev = mac
+    return chain.finish()
+
+
+class _BadLine(Exception):
+    """A record line that does not verify: what is trusted ends before it."""
+
+
+def _unchain(raw: bytes, n: int, key: bytes, prev: str) -> tuple[str, str]:
+    """Line ``n``'s payload and MAC, verified over the previous line's MAC (`_BadLine` where it does not verify)."""
+    try:
+        outer = json.loads(raw)
+        payload, mac, seq = outer["p"], str(outer["mac"]), outer["n"]
+        if not isinstance(payload, str) or seq != n:
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise _BadLine(f"the outcome record has a line the collector did not write (line {n + 1})") from None
+    want = hmac.new(key, (prev + str(n) + "\n" + payload).encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(want, mac):
+        raise _BadLine(f"the outcome record was altered (bad MAC at line {n + 1})")
+    return payload, mac
+
+
+def _payload_body(payload: str) -> dict | None:
+    """A verified line's payload as the guard writes it: a JSON object (None: anything else)."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+@dataclass
+class _Chain:
+    """`read_record` under way: the record so far, the chain's last MAC and the guard's own numbering."""
+
+    key: bytes
+    rec: Record = field(default_factory=Record)
+    prev: str = ""  # the last verified line's MAC
+    guard_pid: int | None = None
+    guard_seq: int = 0
+    collector: bool = False  # the record starts with the collector's line
+    exited: bool = False  # the collector's `exit` line (the test process's end) was read
+    phases: dict[tuple[str, str], int] = field(default_factory=dict)  # (test id, phase) -> outcomes recorded
+
+    def read(self, n: int, raw: bytes) -> bool:
+        """Line ``n`` of the record into it; False where what is trusted ends with this line."""
+        rec = self.rec
         try:
-            body = json.loads(payload)
-            if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
+            payload, self.prev = _unchain(raw, n, self.key, self.prev)
+        except _BadLine as e:
+            rec.problems.append(str(e))
+            return False
+        body = _payload_body(payload)
+        kind = body.get("k") if body is not None else None
+        if body is None:
             rec.problems.append(f"the test process wrote a record line that is not the guard's (line {n + 1})")
-            continue
-        kind = body.get("k")
-        if n == 0:
-            collector = kind == "collector"
-            if not collector:
+        elif n == 0:
+            self.collector = kind == "collector"
+            if not self.collector:
                 rec.problems.append("the outcome record does not start with the collector's line")
-            continue
-        if kind == "exit":
-            exited = True
+        elif kind == "exit":
+            self.exited = True
             rec.exit_code = body.get("rc") if isinstance(body.get("rc"), int) else None
-            break
-        if kind in ("overlong", "overflow"):
+            return False
+        elif kind in ("overlong", "overflow"):
             rec.problems.append(f"the test process wrote {'an overlong line' if kind == 'overlong' else 'too much'}")
-            continue
-        if kind == "collector":
+        elif kind == "collector":
             rec.problems.append("a second collector line in the record")
-            continue
-        pid = body.get("pid")
-        if guard_pid is None and kind == "start":
-            guard_pid = pid if isinstance(pid, int) else None
-        if pid != guard_pid or body.get("seq") != guard_seq:
+        elif self._numbered(body, kind):
+            self._take(body, kind)
+        else:
             rec.problems.append(f"the test process wrote a record line that is not the guard's (line {n + 1})")
-            continue
-        guard_seq += 1
+        return True
+
+    def _numbered(self, body: dict, kind: object) -> bool:
+        """Whether a line is the guard's next one (its pid, its numbering); counted where it is."""
+        pid = body.get("pid")
+        if self.guard_pid is None and kind == "start":
+            self.guard_pid = pid if isinstance(pid, int) else None
+        if pid != self.guard_pid or body.get("seq") != self.guard_seq:
+            return False
+        self.guard_seq += 1
+        return True
+
+    def _take(self, body: dict, kind: object) -> None:
+        """One of the guard's own lines into the record."""
+        rec = self.rec
         if kind == "start":
             rec.started = True
             rec.pytest_version = str(body.get("pytest", ""))
@@ -146,7 +187,7 @@ def read_record(data: bytes, key: bytes) -> Record:
             rec.problems.append(str(body.get("what", "")))
         elif kind == "call":
             phase = (str(body.get("id")), str(body.get("when")))
-            phases[phase] = phases.get(phase, 0) + 1
+            self.phases[phase] = self.phases.get(phase, 0) + 1
             rec.calls.append(body)
         elif kind == "log":
             rec.logs.append(body)
@@ -156,13 +197,17 @@ def read_record(data: bytes, key: bytes) -> Record:
         elif kind == "end":
             rec.guard_ended = True
             rec.junit_sha256 = str(body.get("junit") or "")
-    rec.ended = rec.started and rec.guard_ended and collector and exited
-    # one outcome per test phase; a test with subtests reports its call phase once per subtest (pytest's own doing)
-    with_subtests = {str(line.get("id")) for line in rec.logs if line.get("sub")}
-    for (tid, when), count in phases.items():
-        if count > 1 and not (when == "call" and tid in with_subtests):
-            rec.problems.append(f"the record has {count} outcomes for {tid} ({when})")
-    return rec
+
+    def finish(self) -> Record:
+        """The record, once every trusted line is in: whether it ended, and the test phases recorded twice."""
+        rec = self.rec
+        rec.ended = rec.started and rec.guard_ended and self.collector and self.exited
+        # one outcome per test phase; a test with subtests reports its call phase once per subtest (pytest's own doing)
+        with_subtests = {str(line.get("id")) for line in rec.logs if line.get("sub")}
+        for (tid, when), count in self.phases.items():
+            if count > 1 and not (when == "call" and tid in with_subtests):
+                rec.problems.append(f"the record has {count} outcomes for {tid} ({when})")
+        return rec
 
 
 def guard_statuses(rec: Record) -> tuple[dict[str, str], set[str]]:

@@ -109,6 +109,9 @@ def _failed_report(task: Task, plan: Plan, environment: str, log: str, integrity
     )
 
 
+JunitCheck = Literal["match", "mismatch", "not_pytest", "ids_rewritten"]  # `TestReport.junit_cross_check`
+
+
 def score_log(
     task: Task,
     log: str,
@@ -128,21 +131,12 @@ def score_log(
     ``gold``: the gold patch's status of each listed test (measured with the canaries): a test gold passed counts as
     passing only where it PASSED here too (XFAIL, skipped or missing is failed, whatever raised it)."""
     plan = plan or plan_for(task, swebench)
-    findings: list[Finding | str] = []
-    with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
-        f.write(log)
-        f.flush()
-        status_map, found = swebench.get_logs_eval(make_test_spec(task, swebench), f.name)
+    status_map, found = _logged_statuses(task, log, swebench)
     listed = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
     guarded = record is not None and record.started and APPLY_FAILED not in log
     row_runner = junit is None and plan.graded_by == "eval_script" and not guarded  # a row script's own runner
     per_test = plan.cross_check == "node_ids" and not row_runner
-    subfailed = integrity.subtest_failures(log, listed) if plan.cross_check != "not_pytest" else set()
-    own = None
-    if guarded and record is not None:
-        own_all, own_sub = integrity.guard_statuses(record)
-        subfailed |= {t for t in listed if any(t == i or t.endswith("/" + i) for i in own_sub)}
-        own = {t: _own_status(own_all, t) for t in listed} if per_test else None
+    subfailed, own = _subtests_and_own(log, listed, plan, record if guarded else None, per_test)
     for t in subfailed:  # a failed subtest fails its test (pytest >= 9 may log the test itself PASSED)
         if status_map.get(t) in PASSING:
             status_map[t] = "FAILED"
@@ -165,39 +159,101 @@ def score_log(
         )
     if not found and APPLY_FAILED not in log and not tampered:
         raise BrokenRun(f"the test run left no parsable results ({plan.parser}): {diagnose(log)}" + log[-800:])
-    cross_check: Literal["match", "mismatch", "not_pytest", "ids_rewritten"] | None = None
-    if plan.cross_check != "node_ids":
-        cross_check = plan.cross_check
-    elif junit is None and plan.graded_by == "eval_script" and APPLY_FAILED not in log:
-        cross_check = "not_pytest"  # the row's own script ran a runner that wrote no JUnit report
-    elif junit_by_id is not None and found:
-        forged = [t for t in listed if status_map.get(t) in PASSING and junit_by_id[t] not in PASSING]
-        if forged:
-            tampered.append(
-                f"the log reports {len(forged)} test(s) passing that the JUnit report does not: {forged[:5]}"
-            )
-        missed = [t for t in listed if status_map.get(t) not in PASSING and junit_by_id[t] in PASSING]
-        cross_check = "mismatch" if missed else "match"
-        if missed and not forged:
-            findings.append(
-                f"JUnit reports passing tests the log parser missed (kept swebench's verdict): {missed[:5]}"
-            )
+    findings: list[Finding | str] = []
+    cross_check = _cross_check(plan, log, junit, junit_by_id, found, listed, status_map, tampered, findings)
     if tampered:
-        what = "; ".join(dict.fromkeys(tampered))
-        report = _failed_report(task, plan, environment, log, f"tampered: {what}"[:2000])
-        return Grade(
-            reward=0.0,
-            report=report.model_copy(update={"junit_cross_check": cross_check}),
-            dropped_files=[],
-            findings=[Finding(severity="warning", code="grading_tampered", message=what[:2000])],
-        )
-    not_as_gold = [
-        t for t in listed if (gold or {}).get(t) == "PASSED" and status_map.get(t) in ("XFAIL", "SKIPPED", "XPASS")
-    ]
-    for t in not_as_gold:  # XFAIL or skipped (a test not run at all is failed already)
+        return _tampered_grade(task, plan, environment, log, tampered, cross_check)
+    _count_as_gold(listed, status_map, gold or {}, findings)
+    return _verdict(task, plan, environment, log, swebench, status_map, subfailed, findings, cross_check)
+
+
+def _logged_statuses(task: Task, log: str, swebench) -> tuple[dict[str, str], bool]:
+    """swebench's status of each test its parser finds in the log, and whether it found any."""
+    with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
+        f.write(log)
+        f.flush()
+        return swebench.get_logs_eval(make_test_spec(task, swebench), f.name)
+
+
+def _subtests_and_own(
+    log: str, listed: list[str], plan: Plan, record: Record | None, per_test: bool
+) -> tuple[set[str], dict[str, str] | None]:
+    """The listed tests with a failed subtest (the log's ``SUBFAILED`` lines, and the guard's record where it is
+    trusted), and the record's status of each listed test where statuses are compared per test (else None)."""
+    subfailed = integrity.subtest_failures(log, listed) if plan.cross_check != "not_pytest" else set()
+    if record is None:
+        return subfailed, None
+    own_all, own_sub = integrity.guard_statuses(record)
+    subfailed |= {t for t in listed if any(t == i or t.endswith("/" + i) for i in own_sub)}
+    return subfailed, ({t: _own_status(own_all, t) for t in listed} if per_test else None)
+
+
+def _cross_check(
+    plan: Plan,
+    log: str,
+    junit: dict[tuple[str, str], str] | None,
+    junit_by_id: dict[str, str] | None,
+    found: bool,
+    listed: list[str],
+    status_map: dict[str, str],
+    tampered: list[str],
+    findings: list[Finding | str],
+) -> JunitCheck | None:
+    """What the JUnit report says of swebench's statuses. A test the log passes and the report does not is tampering
+    (added to ``tampered``); one the report passes and the log parser missed, a finding (swebench's verdict kept)."""
+    if plan.cross_check != "node_ids":
+        return plan.cross_check
+    if junit is None and plan.graded_by == "eval_script" and APPLY_FAILED not in log:
+        return "not_pytest"  # the row's own script ran a runner that wrote no JUnit report
+    if junit_by_id is None or not found:
+        return None
+    forged = [t for t in listed if status_map.get(t) in PASSING and junit_by_id[t] not in PASSING]
+    if forged:
+        tampered.append(f"the log reports {len(forged)} test(s) passing that the JUnit report does not: {forged[:5]}")
+    missed = [t for t in listed if status_map.get(t) not in PASSING and junit_by_id[t] in PASSING]
+    if missed and not forged:
+        findings.append(f"JUnit reports passing tests the log parser missed (kept swebench's verdict): {missed[:5]}")
+    return "mismatch" if missed else "match"
+
+
+def _tampered_grade(
+    task: Task, plan: Plan, environment: str, log: str, tampered: list[str], cross_check: JunitCheck | None
+) -> Grade:
+    """0.0 for a run the code under test tampered with: every listed test failed, a `grading_tampered` finding."""
+    what = "; ".join(dict.fromkeys(tampered))
+    report = _failed_report(task, plan, environment, log, f"tampered: {what}"[:2000])
+    return Grade(
+        reward=0.0,
+        report=report.model_copy(update={"junit_cross_check": cross_check}),
+        dropped_files=[],
+        findings=[Finding(severity="warning", code="grading_tampered", message=what[:2000])],
+    )
+
+
+def _count_as_gold(
+    listed: list[str], status_map: dict[str, str], gold: dict[str, str], findings: list[Finding | str]
+) -> None:
+    """A test the gold patch passed counts as passing only where it PASSED here too: XFAIL or skipped is failed (a
+    test not run at all is failed already)."""
+    not_as_gold = [t for t in listed if gold.get(t) == "PASSED" and status_map.get(t) in ("XFAIL", "SKIPPED", "XPASS")]
+    for t in not_as_gold:
         status_map[t] = "FAILED"
     if not_as_gold:
         findings.append(f"tests the gold patch passes did not pass here (counted failed): {not_as_gold[:5]}")
+
+
+def _verdict(
+    task: Task,
+    plan: Plan,
+    environment: str,
+    log: str,
+    swebench,
+    status_map: dict[str, str],
+    subfailed: set[str],
+    findings: list[Finding | str],
+    cross_check: JunitCheck | None,
+) -> Grade:
+    """swebench's resolution of the statuses: 1.0 for RESOLVED_FULL, with what the log showed on the way."""
     xfailed = [t for t in task.FAIL_TO_PASS if status_map.get(t) == "XFAIL"]
     if xfailed:
         findings.append(f"FAIL_TO_PASS tests ended XFAIL (swebench counts them as passing): {xfailed[:5]}")
@@ -211,6 +267,7 @@ def score_log(
     resolution = swebench.get_resolution_status(report)
     if APPLY_FAILED in log:
         findings.append("the model patch did not apply")
+    listed = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
     return Grade(
         reward=1.0 if resolution == "RESOLVED_FULL" else 0.0,
         report=_report(
