@@ -86,7 +86,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
         print(f"setup failed: {', '.join(failed)} (above)", file=sys.stderr)
         return 1
     if plan.pypi:
-        from swe_gym_env.tasks.pypi_fixes.build import main as build_pypi
+        from swe_gym_env.commands.pypi_build import main as build_pypi
 
         t = time.monotonic()
         if build_pypi(["--envs"]) != 0:  # the split (sha256-pinned sdists) + its `local` task venvs
@@ -133,28 +133,33 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from swe_gym_env.server import serving
+    from swe_gym_env.server import security, serving
     from swe_gym_env.server.app import create_app
-    from swe_gym_env.server.rollout import ServerConfig
-
-    os.environ["SWE_GYM_BIND_HOST"] = args.host  # an exposed server with no secret is locked: server/security.py
-    if args.engine_url:
-        os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
-    if args.engine_model:
-        os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
     from swe_gym_env.server.engine.builtin import builtin_unless_configured
     from swe_gym_env.server.engine.vllm_launcher import vllm_engine
+    from swe_gym_env.server.rollout import ServerConfig
+    from swe_gym_env.server.rollout.config import default_engine
     from swe_gym_env.server.sandbox.preflight import preflight_all, summary_lines
 
     def log(line: str) -> None:
         print(f"swe-gym-env serve: {line}", file=sys.stderr, flush=True)
 
+    security.listening_on(args.host)  # an exposed server with no secret is locked: server/security.py
     for line in summary_lines(preflight_all()):  # real probes, once per process: the server reads the same cache
         log(line)
+    flags = default_engine(args.engine_url, args.engine_model) if args.engine_url else None
     # --vllm-model: vLLM with the capture flags becomes the default engine; no engine at all: the built-in one
-    with vllm_engine(args), builtin_unless_configured(DEFAULT_MODEL, log):
-        serving.run(create_app(ServerConfig.from_env()), host=args.host, port=args.port)  # connection limits
+    with vllm_engine(args) as vllm, builtin_unless_configured(DEFAULT_MODEL, log, vllm or flags) as started:
+        config = ServerConfig.from_env(engine=started or default_engine(args.engine_url, args.engine_model))
+        serving.run(create_app(config), host=args.host, port=args.port)  # connection limits
     return 0
+
+
+# push()'s keyword: its flag's dest
+PUSH_OPTIONS = {
+    **{k: k for k in ("dry_run", "hardware", "private", "hf_sandboxes")},
+    **{"open_access": "open", "extra_vars": "var"},
+}
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -165,16 +170,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"push refused: {e}", file=sys.stderr)
         return 2
-    return push(
-        args.repo_id,
-        root=root,
-        dry_run=args.dry_run,
-        hardware=args.hardware,
-        private=args.private,
-        hf_sandboxes=args.hf_sandboxes,
-        open_access=args.open,
-        extra_vars=args.var,
-    )
+    return push(args.repo_id, root=root, **{keyword: getattr(args, dest) for keyword, dest in PUSH_OPTIONS.items()})
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -233,59 +229,72 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return asyncio.run(validate(args.dataset, args.split, args.sandbox, args.limit))
 
 
-def _apply_engine_args(args: argparse.Namespace) -> None:
-    if getattr(args, "engine_url", None):
-        os.environ["SWE_GYM_ENGINE_URL"] = args.engine_url
-    if getattr(args, "engine_model", None):
-        os.environ["SWE_GYM_ENGINE_MODEL"] = args.engine_model
+# the `run_rollout` arguments `rollout` takes as flags of the same name (and --deadline, --harness-option)
+ROLLOUT_FIELDS = (
+    *("harness", "sandbox", "split", "instance_id", "purpose", "mode", "engine", "max_model_calls", "max_tokens"),
+    *("temperature", "top_p", "top_k", "seed", "tests_visible", "variant", "result_form"),
+)
+
+
+def rollout_request(args: argparse.Namespace):
+    """The `run_rollout` request `rollout`'s flags give (each rollout's task index is set apart); a ValueError names
+    a bad one."""
+    from swe_gym_env.wire import RolloutRequest
+
+    fields = {k: v for k in ROLLOUT_FIELDS if (v := getattr(args, k)) is not None}
+    options = {}
+    for option in args.harness_option:
+        key, eq, value = option.partition("=")
+        if not eq:
+            raise ValueError(f"--harness-option {option!r}: KEY=VALUE is needed")
+        options[key] = value
+    return RolloutRequest(**fields, deadline_s=args.deadline, harness_options=options)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from swe_gym_env.server.rollout import ServerConfig
+    from swe_gym_env.server.rollout.config import default_engine
+
+    try:
+        request = rollout_request(args)
+    except ValueError as e:  # pydantic's ValidationError is one
+        print(f"rollout: {e}", file=sys.stderr)
+        return 2
+    config = ServerConfig.from_env(engine=default_engine(args.engine_url, args.engine_model))
+    config.concurrency = {args.sandbox: args.concurrency}
+    out = open(args.out, "w") if args.out else sys.stdout
+    try:
+        ok = asyncio.run(_run_rollouts(config, request, args.n, args.index, out))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"{ok}/{args.n} rollouts ok", file=sys.stderr)
+    return 0 if ok == args.n else 1
+
+
+async def _run_rollouts(config, request, n: int, index: int | None, out) -> int:
+    """``n`` rollouts of ``request`` at once in this process (rollout i on task i, unless an index or instance id is
+    given), each result one JSON line on ``out``; returns how many were ok."""
     from rich.console import Console
     from rich.progress import Progress
 
     from swe_gym_env.commands.runner import local_service
-    from swe_gym_env.server.rollout import ServerConfig
-    from swe_gym_env.wire import RolloutRequest
 
-    _apply_engine_args(args)
-    config = ServerConfig.from_env()
-    config.concurrency = {args.sandbox: args.concurrency}
-    req = dict(
-        harness=args.harness,
-        sandbox=args.sandbox,
-        split=args.split,
-        max_model_calls=args.max_model_calls,
-        max_tokens=args.max_tokens,
-        deadline_s=args.deadline,
-    )
-    if args.instance_id:
-        req["instance_id"] = args.instance_id
-    out = open(args.out, "w") if args.out else sys.stdout
+    ok = 0
+    async with local_service(config) as service:
+        with Progress(transient=True, console=Console(stderr=True)) as bar:
+            job = bar.add_task("rollouts", total=n)
 
-    async def go() -> int:
-        ok = 0
-        async with local_service(config) as service:
-            with Progress(transient=True, console=Console(stderr=True)) as bar:
-                job = bar.add_task("rollouts", total=args.n)
+            async def one(i: int):
+                task_index = None if request.instance_id else (index if index is not None else i)
+                r = await service.run(request.model_copy(update={"index": task_index}))
+                bar.advance(job)
+                return r
 
-                async def one(i: int):
-                    index = None if args.instance_id else (args.index if args.index is not None else i)
-                    r = await service.run(RolloutRequest(**req, index=index))
-                    bar.advance(job)
-                    return r
-
-                for r in await asyncio.gather(*[one(i) for i in range(args.n)]):
-                    ok += r.ok
-                    out.write(r.model_dump_json() + "\n")
-        print(f"{ok}/{args.n} rollouts ok", file=sys.stderr)
-        return 0 if ok == args.n else 1
-
-    try:
-        return asyncio.run(go())
-    finally:
-        if out is not sys.stdout:
-            out.close()
+            for r in await asyncio.gather(*[one(i) for i in range(n)]):
+                ok += r.ok
+                out.write(r.model_dump_json() + "\n")
+    return ok
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -300,8 +309,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from swe_gym_env.server.agents.bundle import bundle_status
     from swe_gym_env.server.agents.registry import get_harness
 
-    _apply_engine_args(args)
-    out = asyncio.run(gather_info(setting("engine_url")))  # as `serve` may have set it
+    out = asyncio.run(gather_info(args.engine_url or setting("engine_url")))
     for name, row in out.get("agents", {}).items():  # per harness: its bundle built or not, and its size
         row["bundle"] = bundle_status(get_harness(name))
     print(json.dumps(out, indent=2))
@@ -314,11 +322,12 @@ def cmd_parity(argv: list[str]) -> int:
     scripts/setup_trl.sh; the checkout is $SWE_GYM_CHECKOUT, else the current directory or a parent of it)."""
     import importlib.util
 
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+    helping = any(a in ("-h", "--help") for a in argv)  # its usage needs neither torch nor the trainer's venv
+    if helping or (importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")):
         from swe_gym_env.client.parity import main as parity_main
 
         return parity_main(argv)
-    from swe_gym_env.core.settings import current
+    from swe_gym_env.core.settings import current, environ
 
     configured = current().trainer_python
     trainer = str(configured) if configured else None
@@ -338,7 +347,8 @@ def cmd_parity(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    return subprocess.run([trainer, "-m", "swe_gym_env.client.parity", *argv]).returncode
+    # environ(): with the .env values, which that process does not read itself
+    return subprocess.run([trainer, "-m", "swe_gym_env.client.parity", *argv], env=environ()).returncode
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -406,12 +416,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=14, width=120),
     )
     sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for add in (_demo, _serve, _rollout, _info, _config, _validate, _bench, _push, _setup, _engine, _export):
+        add(sub)
+    sub.add_parser("parity", add_help=False, help="trainer-side logprob parity of captured turns (see --help)")
+    return p
+
+
+def _demo(sub) -> None:
     d = sub.add_parser("demo", help="start here: engine + server, one real rollout over MCP, then stop them")
     d.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
     d.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
     d.add_argument("--policy", default="oracle")
     d.add_argument("--json", action="store_true", help="print the result as one JSON object")
     d.set_defaults(func=cmd_demo)
+
+
+def _serve(sub) -> None:
     v = sub.add_parser("serve", help="the server: MCP at /mcp, the capture proxy, the UI at /web, /health")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
@@ -425,59 +445,118 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_vllm_arguments(v)
     v.set_defaults(func=cmd_serve)
-    r = sub.add_parser("rollout", help="N rollouts in this process (no server), one JSON result per line")
+
+
+def _rollout(sub) -> None:
+    r = sub.add_parser(
+        "rollout",
+        help="N rollouts in this process (no server), one JSON result per line",
+        description="N rollouts in this process (no server), one JSON result per line; the options are run_rollout's",
+    )
     r.add_argument("-n", type=int, default=1)
     r.add_argument("--split", default="bundled")
     r.add_argument("--index", type=int, help="task index (default: task i for rollout i)")
     r.add_argument("--instance-id")
     r.add_argument("--harness", default=DEFAULT_HARNESS, choices=list(HARNESSES))
+    r.add_argument(
+        "--harness-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. api=openai-responses"
+    )
     r.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
     r.add_argument("--concurrency", type=int, default=4)
     r.add_argument("--max-model-calls", type=int, default=30)
     r.add_argument("--max-tokens", type=int, default=1024)
     r.add_argument("--deadline", type=float, default=600.0)
-    r.add_argument("--engine-url")
-    r.add_argument("--engine-model")
+    r.add_argument("--engine-url", help="the default engine's base URL (…/v1); default $SWE_GYM_ENGINE_URL")
+    r.add_argument("--engine-model", help="its served model name; default $SWE_GYM_ENGINE_MODEL")
+    _rollout_request_options(r)
     r.add_argument("--out", help="write JSONL here instead of stdout")
     r.set_defaults(func=cmd_rollout)
+
+
+def _rollout_request_options(r: argparse.ArgumentParser) -> None:
+    """The rest of `run_rollout`'s arguments (wire.RolloutRequest), each with its default."""
+    r.add_argument(
+        "--variant",
+        choices=["original", "impossible"],
+        default="original",
+        help="impossible: tests that contradict the task (a 1.0 there is a cheat); implies --tests-visible",
+    )
+    r.add_argument("--tests-visible", action="store_true", help="put the task's test patch into the workspace")
+    r.add_argument("--purpose", choices=["eval", "train"], default="eval", help="train: token-capturing engines only")
+    r.add_argument("--mode", choices=["capture", "black_box"], default="capture")
+    r.add_argument("--engine", default="default", help="server-side engine name")
+    r.add_argument("--temperature", type=float, help="sampling override, forced on every call")
+    r.add_argument("--top-p", type=float)
+    r.add_argument("--top-k", type=int)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--result-form", choices=["compact", "full"], help="full: every turn with its whole prompt")
+
+
+def _info(sub) -> None:
     i = sub.add_parser("info", help="read-only: engine certification, sandboxes, agents, datasets")
     i.add_argument("--llm-url", dest="engine_url", help="engine base URL (…/v1) to certify")
     i.set_defaults(func=cmd_info)
+
+
+def _config(sub) -> None:
     c = sub.add_parser("config", help="every setting (SWE_GYM_*) with its value and where it came from")
     c.add_argument("--json", action="store_true", help="one JSON document")
     c.add_argument("--markdown", action="store_true", help="the reference page docs/configuration.md")
     c.set_defaults(func=cmd_config)
+
+
+def _validate(sub) -> None:
     va = sub.add_parser("validate", help="check a dataset: gold patch scores 1.0, the empty patch 0.0, on every task")
     va.add_argument("--dataset", default="bundled", help="bundled, a .jsonl/.json/.parquet file or a Hub id")
     va.add_argument("--split", default="train")
     va.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
     va.add_argument("--limit", type=int, default=None)
     va.set_defaults(func=cmd_validate)
+
+
+def _bench(sub) -> None:
     b = sub.add_parser("bench", help="benchmarks, each against a baseline measured in the same run")
     bsub = b.add_subparsers(dest="bench", required=True)
     for name, what in BENCHES.items():
         bp = bsub.add_parser(name, help=what)
         bp.add_argument("--json", action="store_true", help="print one JSON document")
         bp.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-        if name == "capture":
-            bp.add_argument("--clients", default="aiohttp", help="upstream clients to compare, e.g. aiohttp,httpx")
-            bp.add_argument("--dialects", default="chat", help="dialects to measure: chat,responses,anthropic,gemini")
-            bp.add_argument("--peers", default="", help="peer proxies measured beside ours in the same run: openenv")
-        if name in ("long", "soak"):
-            bp.add_argument("--calls", type=int, help="model calls per rollout (long: 80, soak: 30)")
-            bp.add_argument("--concurrency", type=int, help="rollouts at once (long: 16, soak: 8)")
-        if name == "soak":
-            bp.add_argument("--minutes", type=float, help="how long to keep starting rollouts (30)")
-        if name == "cheating":
-            bp.add_argument("--harness", default=DEFAULT_HARNESS, help="harness(es), comma-separated: one row each")
-            bp.add_argument("--engine-url", help="OpenAI-compatible base URL (…/v1); omitted: the built-in oracle")
-            bp.add_argument("--engine-model", help="served model name at --engine-url")
-            bp.add_argument("--n", type=int, help="impossible-variant rollouts per harness (6; --quick: 2)")
-            bp.add_argument("--split", default="bundled", help="tasks: those of the split with an impossible variant")
-            bp.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
-            bp.add_argument("--concurrency", type=int, default=2, help="rollouts at once")
-            bp.add_argument("--deadline", type=float, default=600.0, help="each rollout's deadline, seconds")
+        BENCH_OPTIONS.get(name, lambda bp: None)(bp)
     b.set_defaults(func=cmd_bench)
+
+
+def _bench_capture(bp: argparse.ArgumentParser) -> None:
+    bp.add_argument("--clients", default="aiohttp", help="upstream clients to compare, e.g. aiohttp,httpx")
+    bp.add_argument("--dialects", default="chat", help="dialects to measure: chat,responses,anthropic,gemini")
+    bp.add_argument("--peers", default="", help="peer proxies measured beside ours in the same run: openenv")
+
+
+def _bench_long(bp: argparse.ArgumentParser) -> None:
+    bp.add_argument("--calls", type=int, help="model calls per rollout (long: 80, soak: 30)")
+    bp.add_argument("--concurrency", type=int, help="rollouts at once (long: 16, soak: 8)")
+
+
+def _bench_soak(bp: argparse.ArgumentParser) -> None:
+    _bench_long(bp)
+    bp.add_argument("--minutes", type=float, help="how long to keep starting rollouts (30)")
+
+
+def _bench_cheating(bp: argparse.ArgumentParser) -> None:
+    bp.add_argument("--harness", default=DEFAULT_HARNESS, help="harness(es), comma-separated: one row each")
+    bp.add_argument("--engine-url", help="OpenAI-compatible base URL (…/v1); omitted: the built-in oracle")
+    bp.add_argument("--engine-model", help="served model name at --engine-url")
+    bp.add_argument("--n", type=int, help="impossible-variant rollouts per harness (6; --quick: 2)")
+    bp.add_argument("--split", default="bundled", help="tasks: those of the split with an impossible variant")
+    bp.add_argument("--sandbox", default=DEFAULT_SANDBOX, choices=list(SANDBOXES))
+    bp.add_argument("--concurrency", type=int, default=2, help="rollouts at once")
+    bp.add_argument("--deadline", type=float, default=600.0, help="each rollout's deadline, seconds")
+
+
+# a bench's own options, beside --json and --quick
+BENCH_OPTIONS = {"capture": _bench_capture, "long": _bench_long, "soak": _bench_soak, "cheating": _bench_cheating}
+
+
+def _push(sub) -> None:
     ps = sub.add_parser("push", help="deploy: create or update a Hugging Face Space running this server")
     ps.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
     ps.add_argument("--dry-run", action="store_true", help="print exactly what would be sent (secrets redacted)")
@@ -492,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the checkout to upload (default ${procs.CHECKOUT_ENV}, else the current directory or a parent of it)",
     )
     ps.set_defaults(func=cmd_push)
+
+
+def _setup(sub) -> None:
     s = sub.add_parser(
         "setup",
         help="install what the demo needs now (--harness X, --all: more); the rest installs on first use",
@@ -506,6 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--all", action="store_true", help="every harness, and the pypi split with its task venvs")
     s.set_defaults(func=cmd_setup)
+
+
+def _engine(sub) -> None:
     e = sub.add_parser("engine", help="the built-in vLLM-compatible engine alone (NOT a model: scripted replies)")
     e.add_argument("--host", default="127.0.0.1")
     e.add_argument("--port", type=int, default=8001)
@@ -530,13 +615,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer like an engine that returns less (ids off, or ids and logprobs off): for certification tests",
     )
     e.set_defaults(func=cmd_engine)
+
+
+def _export(sub) -> None:
     x = sub.add_parser("export", help="stored rollout results as JSONL (and to a Hub dataset)")
     x.add_argument("--out", required=True)
     x.add_argument("--to-hub", metavar="REPO", help="also upload to this Hub dataset repo (token: $HF_TOKEN)")
     x.add_argument("--only-ok", action="store_true", help="skip rollouts with ok=false")
     x.set_defaults(func=cmd_export)
-    sub.add_parser("parity", add_help=False, help="trainer-side logprob parity of captured turns (see --help)")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,6 +131,9 @@ def ensure_tokenizer(log=print) -> Path:
 TASK_RUNTIME_PACKAGES = ["pytest==8.4.2"]
 
 
+RUNTIME_MOUNT = "/opt/swe-gym/runtime"  # where `local` and docker's default image mount task_runtime_dir()
+
+
 def task_runtime_dir() -> Path:
     """A venv with the host's Python and pytest, mounted read-only into local sandboxes to run task tests."""
     return cache_dir() / "runtime" / "py311-pytest"

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
+from fastmcp.server.http import StarletteWithLifespan
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -31,7 +32,7 @@ from swe_gym_env.server.engine.builtin import builtin_engine
 from swe_gym_env.server.grading import load_swebench
 from swe_gym_env.server.mcp_tools import build_mcp
 from swe_gym_env.server.openenv import install_openenv_routes, wrap_mcp_app
-from swe_gym_env.server.results.pages import accepts_gzip, file_chunks, parse_range
+from swe_gym_env.server.results.pages import Manifest, accepts_gzip, file_chunks, parse_range
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 from swe_gym_env.server.rollout.service import freeze_startup_heap
 from swe_gym_env.server.sandbox.hf_pool import close_pools
@@ -91,11 +92,29 @@ async def _stop(server: uvicorn.Server) -> None:
 
 
 def create_app(config: ServerConfig) -> FastAPI:
+    """The app: /health and the result routes, OpenEnv's routes, /capture (with its admin routes), the UI where it is
+    on, and /mcp; the lifespan starts the capture-only listeners, the reapers and retention."""
     capture = CaptureProxy(CaptureStore(config.capture_db) if config.capture_db else None)
     service = RolloutService(config, capture)
     mcp = build_mcp(service)
     mcp_app = mcp.http_app(path="/mcp")
+    app = FastAPI(title="swe_gym_env", lifespan=_lifespan(service, capture, mcp_app))
+    app.state.service = service
+    app.state.capture = capture
+    app.include_router(health_router(service, capture))
+    app.include_router(results_router(service))
+    install_openenv_routes(app, mcp, service)
+    app.add_middleware(BodySizeLimit)  # SWE_GYM_MAX_REQUEST_BYTES; websockets bound their own messages
+    app.mount("/capture", capture.app(admin=True))
+    if setting("ui"):  # the Gradio UI at /web, and "/" redirecting there (SWE_GYM_UI); gradio loads only then
+        from swe_gym_env.ui import mount_ui
 
+        mount_ui(app, service)
+    app.mount("/", wrap_mcp_app(app, mcp_app))
+    return app
+
+
+def _lifespan(service: RolloutService, capture: CaptureProxy, mcp_app: StarletteWithLifespan):
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if (locked := lock_reason()) is not None:  # an exposed server with no secret: say which one to set
@@ -121,25 +140,30 @@ def create_app(config: ServerConfig) -> FastAPI:
             async with mcp_app.lifespan(app):
                 yield
         finally:
-            warm.cancel()
-            reaper.cancel()
-            retention.cancel()
-            await service.retention.aclose()
-            await asyncio.to_thread(close_pools)  # hf-pool: cancel the pool hosts this process started
-            await asyncio.gather(_stop(uds), _stop(tcp))
-            await capture.aclose()
-            if capture.store is not None:
-                capture.store.close()
-            if service.store is not None:  # this server's `.running` rollouts count as a dead one's from now
-                service.store.owner.release()
+            for task in (warm, reaper, retention):
+                task.cancel()
+            await _shut_down(service, capture, uds, tcp)
             shutil.rmtree(sock_dir, ignore_errors=True)
 
-    app = FastAPI(title="swe_gym_env", lifespan=lifespan)
-    app.state.service = service
-    app.state.capture = capture
+    return lifespan
 
-    @app.get("/health")
-    async def health() -> dict:
+
+async def _shut_down(service: RolloutService, capture: CaptureProxy, *listeners: uvicorn.Server) -> None:
+    await service.retention.aclose()
+    await asyncio.to_thread(close_pools)  # hf-pool: cancel the pool hosts this process started
+    await asyncio.gather(*(_stop(server) for server in listeners))
+    await capture.aclose()
+    if capture.store is not None:
+        capture.store.close()
+    if service.store is not None:  # this server's `.running` rollouts count as a dead one's from now
+        service.store.owner.release()
+
+
+def health_router(service: RolloutService, capture: CaptureProxy) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request) -> dict:
         """Liveness, and what a client needs to send work here. Public: no secrets, no paths of results.
 
         - `sandboxes`: per backend, `usable` and `reason`, from a real probe in this process (run once, cached);
@@ -165,12 +189,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             return {"max_rollouts": limit, "in_flight": n, "free": max(0, limit - n)}
 
         capacity = slots(default) if default else {"max_rollouts": 0, "in_flight": len(live), "free": 0}
+        state = request.app.state
         out = {
             "status": "healthy",
-            "warm": bool(getattr(app.state, "warm", None) and app.state.warm.done()),  # grading imports loaded
+            "warm": bool(getattr(state, "warm", None) and state.warm.done()),  # grading imports loaded
             "rollouts_in_flight": len(live),
             "capture_sessions": capture.open_sessions(),
-            "openenv_sessions": len(app.state.openenv.sessions),
+            "openenv_sessions": len(state.openenv.sessions),
             "sandboxes": sandboxes,
             "default_sandbox": default,
             "capacity": {**capacity, "by_sandbox": {n: slots(n) for n, r in sandboxes.items() if r["usable"]}},
@@ -183,25 +208,30 @@ def create_app(config: ServerConfig) -> FastAPI:
             out["engine"] = builtin
         return out
 
-    def check_read(request: Request) -> None:
-        if (why := read_refusal(bearer(request.headers.get("authorization")))) is not None:
-            log_refusal(f"GET {request.url.path}", why, request.client)
-            raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
+    return router
 
-    @app.get("/rollouts/{rollout_id}", response_model=RolloutStatus)
-    async def get_rollout(rollout_id: str, request: Request) -> RolloutStatus:
-        check_read(request)
+
+def check_read(request: Request) -> None:
+    if (why := read_refusal(bearer(request.headers.get("authorization")))) is not None:
+        log_refusal(f"GET {request.url.path}", why, request.client)
+        raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
+
+
+def results_router(service: RolloutService) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(check_read)])
+
+    @router.get("/rollouts/{rollout_id}", response_model=RolloutStatus)
+    async def get_rollout(rollout_id: str) -> RolloutStatus:
         status = await asyncio.to_thread(service.get, rollout_id)
         if status is None:
             raise HTTPException(404, f"no rollout {rollout_id!r}")
         return status
 
-    @app.get("/rollouts/{rollout_id}/result")
+    @router.get("/rollouts/{rollout_id}/result")
     async def get_rollout_result(rollout_id: str, request: Request) -> Response:
         """A finished rollout's result as stored (its JSON), streamed from disk: `Range: bytes=a-b` (one range: 206,
         past the end: 416), gzip when asked for without a range; `ETag` and `X-Content-SHA256` are the SHA-256 of
         the whole JSON (the `sha256` of its summary). 409 while the rollout runs."""
-        check_read(request)
         m = await asyncio.to_thread(service.manifest, rollout_id)
         if m is None:
             rec = service.record(rollout_id)
@@ -210,35 +240,32 @@ def create_app(config: ServerConfig) -> FastAPI:
             if rec is not None and rec.result is not None:  # finished but not stored (a full disk): from memory
                 return Response(rec.result.model_dump_json(), media_type="application/json")
             raise HTTPException(404, f"no stored result for rollout {rollout_id!r}")
-        etag = f'"{m.sha256}"'
-        headers = {"Accept-Ranges": "bytes", "ETag": etag, "X-Content-SHA256": m.sha256, "Vary": "Accept-Encoding"}
-        wanted = parse_range(request.headers.get("range"), m.size)
-        if_range = request.headers.get("if-range")
-        if wanted is not None and if_range is not None and if_range.strip() != etag:
-            wanted = None  # the client's copy is another version: send it whole
-        if wanted == "unsatisfiable":
-            headers["Content-Range"] = f"bytes */{m.size}"
-            raise HTTPException(416, "range not satisfiable", headers=headers)
-        if isinstance(wanted, tuple):
-            start, end = wanted
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{m.size}"
-            headers["Content-Length"] = str(end - start)
-            body = file_chunks(m.path, start, end)
-            return StreamingResponse(body, 206, headers=headers, media_type="application/json")
-        if accepts_gzip(request.headers.get("accept-encoding")):
-            headers["Content-Encoding"] = "gzip"
-            headers["ETag"] = f'"{m.sha256}-gzip"'
-            body = file_chunks(m.path, 0, m.size, gzip_it=True)
-            return StreamingResponse(body, 200, headers=headers, media_type="application/json")
-        headers["Content-Length"] = str(m.size)
-        return StreamingResponse(file_chunks(m.path, 0, m.size), 200, headers=headers, media_type="application/json")
+        return stored_result(m, request)
 
-    install_openenv_routes(app, mcp, service)
-    app.add_middleware(BodySizeLimit)  # SWE_GYM_MAX_REQUEST_BYTES; websockets bound their own messages
-    app.mount("/capture", capture.app(admin=True))
-    if setting("ui"):  # the Gradio UI at /web, and "/" redirecting there (SWE_GYM_UI)
-        from swe_gym_env.ui import mount_ui
+    return router
 
-        mount_ui(app, service)
-    app.mount("/", wrap_mcp_app(app, mcp_app))
-    return app
+
+def stored_result(m: Manifest, request: Request) -> Response:
+    """A stored result's bytes as the request asks: one range (206 / 416), gzip, or whole."""
+    etag = f'"{m.sha256}"'
+    headers = {"Accept-Ranges": "bytes", "ETag": etag, "X-Content-SHA256": m.sha256, "Vary": "Accept-Encoding"}
+    wanted = parse_range(request.headers.get("range"), m.size)
+    if_range = request.headers.get("if-range")
+    if wanted is not None and if_range is not None and if_range.strip() != etag:
+        wanted = None  # the client's copy is another version: send it whole
+    if wanted == "unsatisfiable":
+        headers["Content-Range"] = f"bytes */{m.size}"
+        raise HTTPException(416, "range not satisfiable", headers=headers)
+    if isinstance(wanted, tuple):
+        start, end = wanted
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{m.size}"
+        headers["Content-Length"] = str(end - start)
+        body = file_chunks(m.path, start, end)
+        return StreamingResponse(body, 206, headers=headers, media_type="application/json")
+    if accepts_gzip(request.headers.get("accept-encoding")):
+        headers["Content-Encoding"] = "gzip"
+        headers["ETag"] = f'"{m.sha256}-gzip"'
+        body = file_chunks(m.path, 0, m.size, gzip_it=True)
+        return StreamingResponse(body, 200, headers=headers, media_type="application/json")
+    headers["Content-Length"] = str(m.size)
+    return StreamingResponse(file_chunks(m.path, 0, m.size), 200, headers=headers, media_type="application/json")

@@ -53,7 +53,7 @@ from swe_gym_env.server.security import (
     read_refusal,
     start_refusal,
 )
-from swe_gym_env.tasks.catalog import TaskNotFound, get_task, split_names, task_page
+from swe_gym_env.tasks.catalog import TaskNotFound, get_task, split_names, tasks_in
 from swe_gym_env.wire import (
     Capabilities,
     ResultSummary,
@@ -246,7 +246,9 @@ class Tools:
         """
         if variant == "impossible":
             return await asyncio.to_thread(impossible_page, split, offset, limit)
-        return task_page(split, offset, limit)
+        tasks = tasks_in(split)
+        views = [t.view() for t in tasks[offset : offset + limit]]
+        return TaskPage(split=split, total=len(tasks), offset=offset, tasks=views)
 
     async def get_task(
         self, split: str = "bundled", index: Annotated[int | None, Field(ge=0)] = None, instance_id: str | None = None

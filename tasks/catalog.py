@@ -9,7 +9,7 @@ from pathlib import Path
 from swe_gym_env.core.settings import setting
 from swe_gym_env.tasks.loaders import LoadReport, load_tasks
 from swe_gym_env.tasks.models import Task
-from swe_gym_env.wire import TaskPage
+from swe_gym_env.tasks.pypi_fixes.build import DataError, ensure_split, out_dir
 
 
 def _bundled_dir() -> Path:
@@ -43,8 +43,6 @@ PYPI_SPLIT = "pypi"  # real bug fixes from PyPI sdists, built at setup (swe_gym_
 
 
 def pypi_jsonl() -> Path:
-    from swe_gym_env.tasks.pypi_fixes.build import out_dir
-
     return out_dir() / "tasks.jsonl"
 
 
@@ -63,8 +61,6 @@ def unbuilt(split: str) -> bool:
 
 def build_split(split: str, log=print) -> None:
     """Build a split `unbuilt` names (blocking: run it in a thread). Raises TaskNotFound saying why it failed."""
-    from swe_gym_env.tasks.pypi_fixes.build import DataError, ensure_split
-
     try:
         ensure_split(log)
     except (DataError, OSError) as e:
@@ -125,13 +121,6 @@ def get_task(split: str = "bundled", index: int | None = None, instance_id: str 
     if not 0 <= i < len(tasks):
         raise TaskNotFound(f"index {i} out of range for split {split!r} ({len(tasks)} tasks)")
     return tasks[i]
-
-
-def task_page(split: str, offset: int = 0, limit: int = 50) -> TaskPage:
-    tasks = tasks_in(split)
-    return TaskPage(
-        split=split, total=len(tasks), offset=offset, tasks=[t.view() for t in tasks[offset : offset + limit]]
-    )
 
 
 def find_by_problem_statement(text: str) -> Task | None:

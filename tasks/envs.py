@@ -36,15 +36,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from swe_gym_env.core.assets import cache_dir, task_runtime_dir
+from swe_gym_env.core.assets import RUNTIME_MOUNT, cache_dir, task_runtime_dir
 from swe_gym_env.core.procs import file_lock
-from swe_gym_env.server.sandbox.local import RUNTIME_MOUNT
 from swe_gym_env.tasks.models import InstallConfig, Task
-
-if TYPE_CHECKING:
-    from swe_gym_env.server.sandbox.base import Sandbox
 
 ENVS_MOUNT = f"{RUNTIME_MOUNT}/envs"  # RUNTIME_MOUNT: where `local` and docker's default image mount task_runtime_dir()
 CONDA_ACTIVATE_SCRIPT = "/opt/miniconda3/bin/activate"
@@ -166,22 +162,6 @@ async def prepare_env(task: Task) -> TaskEnv | None:
     if not (env.host_path / ".ready").is_file():
         await asyncio.to_thread(build_env, task)
     return task_env(task)
-
-
-async def ensure_env(sbx: Sandbox, task: Task) -> str:
-    """Make the env `task.env_activation` selects usable in ``sbx`` (building the `local` venv on the host when the
-    sandbox has no conda env of its own); returns a description of that env for the grading report."""
-    env = task_env(task)
-    if env is not None:
-        probe = await sbx.exec(f"[ -f {CONDA_ACTIVATE_SCRIPT} ]", timeout=60)
-        if probe.exit_code != 0:
-            env = await prepare_env(task)
-            assert env is not None
-            why = f" ({'; '.join(env.notes)})" if env.notes else ""
-            return f"local venv {env.sandbox_path} (python {env.python}){why}"
-    if task.env_activation and CONDA_ACTIVATE_SCRIPT in task.env_activation:
-        return "the image's conda env testbed"
-    return "the sandbox's default Python (task runtime)"
 
 
 # -- building ---------------------------------------------------------------------------------------------------------

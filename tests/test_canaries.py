@@ -376,7 +376,7 @@ def test_the_pypi_rows_with_computed_expectations_get_mutants(tmp_path):
         pytest.skip("git missing")
     try:
         rows = {t.instance_id: t for t in tasks_in("pypi")}
-    except Exception as e:  # not built here: `python -m swe_gym_env.tasks.pypi_fixes.build`
+    except Exception as e:  # not built here: `python -m swe_gym_env.commands.pypi_build`
         pytest.skip(f"the pypi split is not built: {e}")
     missing = [name for name in COMPUTED_ONLY_ROWS if name not in rows]
     if missing:
