@@ -27,6 +27,7 @@ from typing import Any
 import swe_gym_env.server.grading.canaries as canaries
 import swe_gym_env.server.grading.store as store
 from swe_gym_env.server.grading.verdict import Grade
+from swe_gym_env.tasks.catalog import tasks_in
 from swe_gym_env.tasks.models import Task
 from swe_gym_env.wire import Finding, TaskPage
 
@@ -162,8 +163,6 @@ def listing(tasks: tuple[Task, ...] | list[Task]) -> list[tuple[Task, str]]:
 def task_page(split: str, offset: int = 0, limit: int = 50) -> TaskPage:
     """`list_tasks(variant="impossible")`: the split's tasks `listing` keeps, each view with its `impossible` status
     (blocking: it reads each task's record on disk)."""
-    from swe_gym_env.tasks.catalog import tasks_in
-
     listed = listing(tasks_in(split))
     views = [t.view().model_copy(update={"impossible": why}) for t, why in listed[offset : offset + limit]]
     return TaskPage(split=split, variant="impossible", total=len(listed), offset=offset, tasks=views)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swe_gym_env.core.assets import package_file, task_runtime_dir
+from swe_gym_env.core.assets import RUNTIME_MOUNT, package_file, task_runtime_dir
 from swe_gym_env.core.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.server.sandbox import cgroups, pristine
 from swe_gym_env.server.sandbox.base import (
@@ -41,7 +41,6 @@ from swe_gym_env.server.sandbox.base import (
     strip_history_script,
 )
 
-RUNTIME_MOUNT = "/opt/swe-gym/runtime"
 RELAY_SCRIPT = package_file("swe_gym_env.server.sandbox", "relay.py")  # bind-mounted read-only into sandboxes
 SOCKET_DIR = "/run/swe-gym"
 ETC_FILES = [
@@ -73,18 +72,38 @@ def relay_prefix(python: str) -> str:
     )
 
 
+def system_binds() -> list[str]:
+    """bwrap arguments for the host's system files a sandbox sees read-only: /usr, the /bin, /lib, /lib64 and /sbin
+    links (or dirs) and the few /etc files in ETC_FILES."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        p = Path("/") / link
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.exists():
+            args += ["--ro-bind", str(p), str(p)]
+    for name in ETC_FILES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
 def _reap_orphans() -> list[str]:
     """Sandbox dirs and cgroups left by server processes that no longer exist (e.g. killed mid-rollout)."""
     return reap_orphans(DIR_PREFIX) + cgroups.reap_orphans(DIR_PREFIX)
 
 
-def bwrap_path() -> str:
-    path = shutil.which("bwrap")
+def host_binary(name: str, fix: str) -> str:
+    """The path of the host's ``name`` command; `SandboxUnavailable` saying ``fix`` where it has none."""
+    path = shutil.which(name)
     if path is None:
-        raise SandboxUnavailable(
-            "bubblewrap is not installed: `apt-get install bubblewrap` (the local sandbox needs it)"
-        )
+        raise SandboxUnavailable(fix)
     return path
+
+
+def bwrap_path() -> str:
+    return host_binary(
+        "bwrap", "bubblewrap is not installed: `apt-get install bubblewrap` (the local sandbox needs it)"
+    )
 
 
 @functools.cache
@@ -111,6 +130,11 @@ def preflight() -> tuple[bool, str]:
     return True, f"bwrap; limits via cgroup {cg}" if cg else "bwrap; cgroups not writable: no CPU/memory/pid limits"
 
 
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 class LocalSandbox(SandboxBase):
     reap_orphans = staticmethod(_reap_orphans)
     preflight = staticmethod(preflight)
@@ -135,23 +159,18 @@ class LocalSandbox(SandboxBase):
             raise SandboxError("the local backend needs a repository source (this task needs an image backend)")
         root = owned_dir(DIR_PREFIX)
         sbx = cls(spec, root)
-        await sbx._lay_out()
-        return sbx
+        return await sbx._boot(sbx._lay_out)
 
     async def _lay_out(self) -> None:
-        """The sandbox's dirs, labels, secrets file, cgroup and clone of the repository; closed if a step fails."""
+        """The sandbox's dirs, labels, secrets file, cgroup and clone of the repository."""
         root, spec = self.root, self.spec
-        try:
-            for d in ("testbed", "home", "tmp", "tmp/.swe-gym"):
-                (root / d).mkdir()
-            (root / "labels.json").write_text(json.dumps({**spec.labels, "expires_at": str(int(self.expires_at))}))
-            if spec.secrets:
-                await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
-            self.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
-            await self._clone()
-        except BaseException:
-            await self.close()
-            raise
+        for d in ("testbed", "home", "tmp", "tmp/.swe-gym"):
+            (root / d).mkdir()
+        (root / "labels.json").write_text(json.dumps({**spec.labels, "expires_at": str(int(self.expires_at))}))
+        if spec.secrets:
+            await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+        self.cgroup = await asyncio.to_thread(cgroups.CgroupSet.create, root.name, spec.limits)
+        await self._clone()
 
     async def _clone(self) -> None:
         """The work tree: a copy of the task's pristine tree (cloned and stripped once per task: `pristine`), or a
@@ -197,15 +216,7 @@ class LocalSandbox(SandboxBase):
         runtime = task_runtime_dir()
         base = Path(sys.base_prefix).resolve()
         args = [bwrap_path(), "--die-with-parent", "--unshare-all", "--new-session", "--cap-drop", "ALL"]
-        args += ["--ro-bind", "/usr", "/usr"]
-        for link in ("bin", "lib", "lib64", "sbin"):
-            p = Path("/") / link
-            if p.is_symlink():
-                args += ["--symlink", os.readlink(p), str(p)]
-            elif p.exists():
-                args += ["--ro-bind", str(p), str(p)]
-        for name in ETC_FILES:
-            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += system_binds()
         # The sandbox's own writable dirs first: a later bind may sit under /tmp on the host (a runtime or a
         # Python prefix there must not be hidden by the sandbox's /tmp).
         args += ["--proc", "/proc", "--dev", "/dev"]
@@ -227,23 +238,13 @@ class LocalSandbox(SandboxBase):
     async def _spawn(self, script: str, stdin: bytes | None) -> PipeProcess:
         left = max(1, math.ceil(self.remaining()))
         argv = [*self._argv(), "--", "timeout", "-s", "KILL", str(left), "/bin/sh", "-c", script]
-        if self.cgroup is not None:
-            argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self.cgroup.procs_files, "--", *argv]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        return await PipeProcess.spawn(self._in_cgroup(argv), stdin, _kill_group)
 
-        async def kill() -> None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-        return PipeProcess(proc, stdin, kill)
+    def _in_cgroup(self, argv: list[str]) -> list[str]:
+        """``argv`` started inside the sandbox's cgroup, where it has one."""
+        if self.cgroup is None:
+            return argv
+        return ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self.cgroup.procs_files, "--", *argv]
 
     def _host_path(self, path: str) -> Path:
         root = self.root
