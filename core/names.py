@@ -37,6 +37,7 @@ HARNESSES: dict[str, Plugin] = dict(
         _harness("cline", "cline", "ClineHarness"),
         _harness("kimi-cli", "kimi_cli", "KimiCliHarness"),
         _harness("mistral-vibe", "mistral_vibe", "MistralVibeHarness"),
+        _harness("aider", "aider", "AiderHarness"),
         _harness("terminus-2", "terminus2", "Terminus2Harness"),
         _harness("droid", "droid", "DroidHarness"),
     ]

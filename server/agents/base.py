@@ -27,6 +27,8 @@ class AgentStep:
 
     completion_tokens: int | None = None
     tool_call_ids: tuple[str, ...] = ()
+    content: str | None = None  # the reply's text as the agent logged it (an editor's record: Aider's)
+    edited: tuple[str, ...] = ()  # files the agent changed from this reply (each must be named in its text)
 
 
 @dataclass
@@ -39,11 +41,17 @@ class AgentOutcome:
     completion_tokens: list[int] = field(default_factory=list)
     steps: list[AgentStep] = field(default_factory=list)
 
-    def add_step(self, completion_tokens: int | None, tool_call_ids: tuple[str, ...] = ()) -> None:
+    def add_step(
+        self,
+        completion_tokens: int | None,
+        tool_call_ids: tuple[str, ...] = (),
+        content: str | None = None,
+        edited: tuple[str, ...] = (),
+    ) -> None:
         self.model_calls += 1
         if completion_tokens is not None:
             self.completion_tokens.append(completion_tokens)
-        self.steps.append(AgentStep(completion_tokens, tool_call_ids))
+        self.steps.append(AgentStep(completion_tokens, tool_call_ids, content, edited))
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,10 @@ def _steps(outcome: AgentOutcome) -> list[AgentStep]:
     return steps + [AgentStep() for _ in range(outcome.model_calls - len(steps))]
 
 
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines()]  # as an agent's text log keeps them
+
+
 def _differs(step: AgentStep, turn: Turn) -> str | None:
     """Why this agent step is not this captured turn (None: they agree as far as the agent reports)."""
     if step.tool_call_ids:
@@ -85,6 +97,14 @@ def _differs(step: AgentStep, turn: Turn) -> str | None:
             f"the agent reports {step.completion_tokens} completion tokens, "
             f"the capture holds {len(turn.completion_token_ids)}"
         )
+    if step.content is not None or step.edited:  # an editor: its reply's text, and the files it edited from it
+        captured = turn.response_message.get("content")
+        text = captured if isinstance(captured, str) else ""
+        if step.content is not None and _lines(step.content) != _lines(text):
+            return "the agent logged a reply whose text is not the captured reply's"
+        for path in step.edited:
+            if path not in text:
+                return f"the agent edited {path} from a reply, the captured reply names no such file"
     return None
 
 
@@ -92,9 +112,10 @@ def reconcile(outcome: AgentOutcome, turns: list[Turn], budget_replies: int) -> 
     """The agent's own trace against the capture, call by call, in order.
 
     Each captured turn is matched to the agent's next step (same tool-call ids, same completion token count where
-    the agent reports them). A turn no step matches was never used by the agent (a retry, a dropped reply); steps
-    left over after the last turn are budget replies (answered by the proxy, never captured) up to their count,
-    and missing from the capture beyond it.
+    the agent reports them; for an editor, the same reply text, and the files it edited from it named there). A
+    turn no step matches was never used by the agent (a retry, a dropped reply); steps left over after the last turn
+    are budget replies (answered by the proxy, never captured) up to their count, and missing from the capture
+    beyond it.
     """
     steps = _steps(outcome)
     if not steps and outcome.error_kind is None:

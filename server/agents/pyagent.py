@@ -12,7 +12,8 @@ from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
 from swe_gym_env.server.agents.base import AGENT_HOME, BUNDLE_MOUNT, AgentConfig, AgentError
-from swe_gym_env.server.agents.bundle import BundledHarness, bundles_dir
+from swe_gym_env.server.agents.bundle import PRUNE_SUFFIXES, SKIP_DIRS, BundledHarness, bundles_dir
+from swe_gym_env.server.agents.provision import pip_downloads
 
 KEY_FILE = f"{AGENT_HOME}/.capture.env"
 # the launcher's first lines: every connect / name lookup / datagram of the agent's Python, one JSON line each, to
@@ -140,3 +141,61 @@ class DebianPythonAgent(PythonAgent):
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         root = self.finished_install()
         return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, pyruntime.SITE: root / pyruntime.SITE}
+
+
+def without(src: Path, rel: str, pruned: tuple[str, ...]) -> dict[str, Path]:
+    """The directory ``src`` as bundle contents at ``rel`` (bundle-relative path -> host path), less the ``pruned``
+    paths under it: each directory on the way to one is listed entry by entry, taking of it what a whole-tree copy
+    (`bundle._copy_in`) would (no links to directories, no `SKIP_DIRS`, no `PRUNE_SUFFIXES`, no dangling links); the
+    rest is listed whole."""
+    if not pruned:
+        return {rel: src}
+    out: dict[str, Path] = {}
+    for child in sorted(src.iterdir()):
+        if child.name in pruned:
+            continue
+        if child.is_dir():
+            if not child.is_symlink() and child.name not in SKIP_DIRS:
+                below = tuple(p.split("/", 1)[1] for p in pruned if p.startswith(child.name + "/"))
+                out.update(without(child, f"{rel}/{child.name}", below))
+        elif child.is_file() and not child.name.endswith(PRUNE_SUFFIXES):
+            out[f"{rel}/{child.name}"] = child
+    return out
+
+
+class HostPythonAgent(PythonAgent):
+    """A Python agent on the host's CPython 3.11 made relocatable (`pyruntime.build_runtime`: its own loader and C
+    library): mini-swe-agent, Aider. `pins` is a full list (no resolution at install time), installed by that
+    runtime's pip; `pruned` are paths under `site/` its bundle leaves out (never loaded by the agent); `imports` is
+    what its self-test imports. A subclass sets `install_inputs` to `(*pyruntime.recipe(), *pins)` and
+    `bundle_inputs` to `(*install_inputs, *(f"prune {p}" for p in pruned))`."""
+
+    python_runtime: ClassVar[str | None] = "host"
+    package: ClassVar[str]
+    pins: ClassVar[tuple[str, ...]]
+    pruned: ClassVar[tuple[str, ...]] = ()
+    imports: ClassVar[str]
+    install_inputs: ClassVar[tuple[str, ...]]  # what its install is made from (a change reinstalls it)
+
+    def ensure_installed(self, log=print) -> Path:
+        root = self.install_dir()
+        done = root / ".installed"
+        if done.is_file() and done.read_text() == "\n".join(self.install_inputs):
+            return root
+        root.mkdir(parents=True, exist_ok=True)
+        done.unlink(missing_ok=True)
+        pyruntime.build_runtime(root, log)
+        log(f"pip install {len(self.pins)} pinned packages ({self.package}=={self.version}) into its bundle")
+        pyruntime.pip_install(root, self.pins, pip_downloads(), log)
+        log(f"agent runtime: {pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE)} libraries")
+        pyruntime.compile_all(root)
+        log(f"agent runtime: {pyruntime.self_test(root, self.imports)}")
+        done.write_text("\n".join(self.install_inputs))
+        return root
+
+    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
+        root = self.finished_install()
+        return {
+            pyruntime.RUNTIME: root / pyruntime.RUNTIME,
+            **without(root / pyruntime.SITE, pyruntime.SITE, self.pruned),
+        }

@@ -2,7 +2,8 @@
 
 - `oracle`: finds the task whose problem statement is in the prompt and applies its gold patch through the
   agent's own tools (edit if it has one, else bash + git apply), then says it is done (or runs the submission
-  command the agent's prompt names: mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`).
+  command the agent's prompt names: mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`). Aider, which
+  has no tools, gets the patch as the SEARCH/REPLACE blocks of its edit format, in the reply text.
 - `oracle+compact`: the oracle for long sessions: it reads the output of a long shell command again and again until
   the agent compacts its context (answering the agent's own summary request with a summary that keeps the task),
   and only then applies the gold patch. With an engine whose context is small, the rollout must compact to pass.
@@ -240,6 +241,8 @@ class OraclePolicy(Policy):
         task = find_task(prompt_text)
         if task is None:
             return Reply(content="oracle: no known task's problem statement is in this prompt; nothing to do.")
+        if not tools and EDIT_BLOCK_MARK in prompt_text:  # Aider: an editor, its edits are blocks in the reply
+            return edit_block_reply(task, messages)
         where = WORKDIR_IN_PROMPT.search(prompt_text)  # as an agent would: the work tree its prompt names
         fmt = None if tools else next((f for f, mark in KEYSTROKE_FORMATS.items() if mark in prompt_text), None)
         if fmt is not None:  # Terminus-2: no tools; keystrokes for its terminal, in its reply format
@@ -248,6 +251,35 @@ class OraclePolicy(Policy):
         plan = self.plan(task, tools, where.group(1) if where else None, SUBMIT_COMMAND in prompt_text)
         step = _step(messages)
         return plan[step] if step < len(plan) else Reply(content=DONE)
+
+
+# -- Aider: no tools; its edits are SEARCH/REPLACE blocks in the reply text (aider-chat 0.86's `diff` edit format) ---
+EDIT_BLOCK_MARK = "<<<<<<< SEARCH"  # in the examples of its system prompt
+# its reply when the oracle's blocks named files not yet in its chat: it adds them and drops the edits, then asks again
+FILES_ADDED = "I added these files to the chat:"
+
+
+def edit_blocks(patch: str) -> str:
+    """The gold patch as Aider's SEARCH/REPLACE blocks: per hunk its path (relative to the repository root, where
+    Aider runs), then the old text and the new (an empty SEARCH makes a new file)."""
+    blocks = ["Here are the *SEARCH/REPLACE* blocks:"]
+    for path, old, new in _hunks(patch):
+        search = f"{old}\n" if old else ""
+        replace = f"{new}\n" if new else ""
+        blocks.append(f"{path}\n```\n<<<<<<< SEARCH\n{search}=======\n{replace}>>>>>>> REPLACE\n```")
+    return "\n\n".join(blocks) + "\n"
+
+
+def edit_block_reply(task: Task, messages: list[dict]) -> Reply:
+    """Aider's next reply: the blocks, again once if it answered that it added the files they name to its chat (it
+    applies no edit to a file it had to add), then "done". Steps count from the message that holds the task (its
+    prompt begins with example conversations of its own)."""
+    start = next((i for i, m in enumerate(messages) if task.problem_statement.strip() in _text(m.get("content"))), 0)
+    step = _step(messages[start:])
+    last = _text(messages[-1].get("content")) if messages else ""
+    if step == 0 or (step == 1 and last.startswith(FILES_ADDED)):
+        return Reply(content=edit_blocks(task.patch))
+    return Reply(content=DONE)
 
 
 # -- long sessions: hold the fix back until the agent has compacted its context -------------------------------------

@@ -29,7 +29,6 @@ how it ended.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
@@ -40,9 +39,7 @@ from swe_gym_env.server.agents.base import (
     NpmArtifact,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import PRUNE_SUFFIXES, SKIP_DIRS
-from swe_gym_env.server.agents.provision import pip_downloads
-from swe_gym_env.server.agents.pyagent import AUDIT, PythonAgent
+from swe_gym_env.server.agents.pyagent import AUDIT, HostPythonAgent, without  # noqa: F401 (without: its old home)
 
 TRAJ = f"{AGENT_HOME}/mini-traj.json"
 LOG = f"{AGENT_HOME}/mini-log.txt"
@@ -103,27 +100,7 @@ QUIET = {  # what mini-swe-agent and litellm honour: no prompts, no banner, no f
 }
 
 
-def without(src: Path, rel: str, pruned: tuple[str, ...]) -> dict[str, Path]:
-    """The directory ``src`` as bundle contents at ``rel`` (bundle-relative path -> host path), less the ``pruned``
-    paths under it: each directory on the way to one is listed entry by entry, taking of it what a whole-tree copy
-    (`bundle._copy_in`) would (no links to directories, no `SKIP_DIRS`, no `PRUNE_SUFFIXES`, no dangling links); the
-    rest is listed whole."""
-    if not pruned:
-        return {rel: src}
-    out: dict[str, Path] = {}
-    for child in sorted(src.iterdir()):
-        if child.name in pruned:
-            continue
-        if child.is_dir():
-            if not child.is_symlink() and child.name not in SKIP_DIRS:
-                below = tuple(p.split("/", 1)[1] for p in pruned if p.startswith(child.name + "/"))
-                out.update(without(child, f"{rel}/{child.name}", below))
-        elif child.is_file() and not child.name.endswith(PRUNE_SUFFIXES):
-            out[f"{rel}/{child.name}"] = child
-    return out
-
-
-class MiniSweAgentHarness(PythonAgent):
+class MiniSweAgentHarness(HostPythonAgent):
     name: ClassVar[str] = "mini-swe-agent"
     version: ClassVar[str] = "2.4.6"
     dialect: ClassVar[str] = "openai-chat"
@@ -131,34 +108,16 @@ class MiniSweAgentHarness(PythonAgent):
     # the demo task's issue in it (1,245 under landlock: a longer work-tree path); room for a few steps, as Pi's
     min_context_tokens: ClassVar[int] = 4096
     package: ClassVar[str] = "mini-swe-agent"  # from PyPI, by the bundle's own pip
-    python_runtime: ClassVar[str | None] = "host"
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = ()
+    pins: ClassVar[tuple[str, ...]] = PINS
+    pruned: ClassVar[tuple[str, ...]] = PRUNED
+    imports: ClassVar[str] = "ssl, sqlite3, ctypes, pydantic_core, yaml, tiktoken"
     install_inputs: ClassVar[tuple[str, ...]] = (*pyruntime.recipe(), *PINS)  # what its install is made from
     bundle_inputs: ClassVar[tuple[str, ...]] = (*install_inputs, *(f"prune {p}" for p in PRUNED))
     bundle_probe: ClassVar[str] = f"{pyruntime.python_command('.')} -c 'import ssl, pydantic_core, yaml'"
     events_path = TRAJ  # its trajectory: the record parse_events reads
     log_path = LOG
     launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, QUIET
-
-    def ensure_installed(self, log=print) -> Path:
-        root = self.install_dir()
-        done = root / ".installed"
-        if done.is_file() and done.read_text() == "\n".join(self.install_inputs):
-            return root
-        root.mkdir(parents=True, exist_ok=True)
-        done.unlink(missing_ok=True)
-        pyruntime.build_runtime(root, log)
-        log(f"pip install {len(PINS)} pinned packages (mini-swe-agent=={self.version}) into its bundle")
-        pyruntime.pip_install(root, PINS, pip_downloads(), log)
-        log(f"agent runtime: {pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE)} libraries")
-        pyruntime.compile_all(root)
-        log(f"agent runtime: {pyruntime.self_test(root, 'ssl, sqlite3, ctypes, pydantic_core, yaml, tiktoken')}")
-        done.write_text("\n".join(self.install_inputs))
-        return root
-
-    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        root = self.finished_install()
-        return {pyruntime.RUNTIME: root / pyruntime.RUNTIME, **without(root / pyruntime.SITE, pyruntime.SITE, PRUNED)}
 
     def config(self, cfg: AgentConfig, prompt: str) -> dict:
         return {

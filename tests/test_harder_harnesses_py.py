@@ -1,0 +1,198 @@
+"""The PyPI harnesses of issue 44 (Aider, Hermes Agent) end to end and in parts.
+
+End to end: one `swe-gym-env demo --harness X` each on `local` under strace (`test_five_harnesses`' watcher: nothing in
+the agent's process tree connects or looks up a name but through the capture relay), the task solved with the
+built-in engine's oracle, the agent's own log cross-checked (`match`); and once on `landlock`. In parts: each one's
+configuration (the key only in the env file, the switches that keep it offline), its record parsed from a recorded
+sample, and the cross-check failing where its record and the capture disagree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require
+from test_five_harnesses import CFG, secret_only_in_the_env_file, traced_demo
+from test_harness_units import turn
+
+from swe_gym_env.server.agents import pyruntime
+from swe_gym_env.server.agents.base import AgentError, AgentStep, reconcile
+from swe_gym_env.server.agents.harnesses.aider import LAUNCHER as AIDER_LAUNCHER
+from swe_gym_env.server.agents.harnesses.aider import llm_replies
+from swe_gym_env.server.agents.registry import get_harness
+from swe_gym_env.server.engine.policy import OraclePolicy, edit_blocks
+from swe_gym_env.tasks.catalog import bundled_tasks
+
+FIXTURES = Path(__file__).parent / "fixtures" / "agents"
+HARNESSES = ["aider"]
+
+
+def installed(name: str):
+    h = get_harness(name)
+    try:
+        h.mounts()
+    except AgentError as e:
+        require(False, f"{name}: {e}")
+    return h
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
+    harness, need_sandbox, need_tokenizer, tmp_path
+):
+    require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
+    h = installed(harness)
+    result, mine, outbound = traced_demo(harness, "local", tmp_path)
+    assert result["reward"] == 1.0 and result["stop_reason"] == "agent_done"
+    assert result["cross_check"] == "match", result["cross_check_detail"]
+    assert result["turns"] and not any(t["discarded"] for t in result["turns"])
+    assert {t["dialect"] for t in result["turns"]} == {h.dialect}
+    assert result["turns"][0]["prompt_len"] < h.min_context_tokens
+    assert any("127.0.0.1" in line for line in mine), f"the agent's calls to the relay were not traced: {mine}"
+    assert outbound == [], "\n".join(outbound)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_demo_on_landlock(harness, need_sandbox, need_tokenizer):
+    installed(harness)
+    argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--harness", harness, "--sandbox", "landlock", "--json"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip(), run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0 and result["ok"] and result["reward"] == 1.0, (result.get("error"), run.stderr[-2000:])
+    assert result["cross_check"] == "match", result["cross_check_detail"]
+
+
+# -- Aider -------------------------------------------------------------------------------------------------------------
+def test_aider_configuration_keeps_the_key_in_the_env_file_and_itself_offline():
+    h = get_harness("aider")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    assert files["/home/agent/.capture.env"][0].startswith(b"OPENAI_API_KEY=")
+    settings = json.loads(files["/home/agent/aider-model-settings.yml"][0])  # JSON is YAML
+    assert settings == [
+        {
+            "name": "openai/Qwen/Qwen3-8B",
+            "edit_format": "diff",
+            "use_repo_map": False,
+            "weak_model_name": "openai/Qwen/Qwen3-8B",
+            "editor_model_name": "openai/Qwen/Qwen3-8B",
+            "extra_params": {"max_tokens": 512},
+        }
+    ]
+    meta = json.loads(files["/home/agent/aider-model-metadata.json"][0])
+    assert meta["openai/Qwen/Qwen3-8B"]["max_input_tokens"] == 32768
+    # its price-table cache, pre-seeded non-empty (an empty one is fetched again)
+    prices = files["/home/agent/.aider/caches/model_prices_and_context_window.json"][0]
+    assert json.loads(prices) == meta
+    run = next(line for line in cmd.splitlines() if "--message-file" in line)
+    assert "--openai-api-base http://127.0.0.1:9/capture/v1 " in run and "--message-file /home/agent/prompt.txt" in run
+    for switch in ("--no-check-update", "--analytics-disable", "--no-auto-commits", "--no-gitignore", "--yes-always"):
+        assert switch in run
+    assert "LITELLM_LOCAL_MODEL_COST_MAP=True" in cmd and "HOME=/home/agent" in cmd
+    assert "unset OPENAI_API_BASE OPENAI_BASE_URL" in cmd and "AIDER_" in cmd
+
+
+@pytest.fixture
+def aider_python() -> list[str]:
+    h = get_harness("aider")
+    try:
+        root = h.finished_install()
+    except AgentError as e:
+        require(False, str(e))
+    return pyruntime.python_command(str(root)).split()
+
+
+def test_aider_reads_no_config_of_the_work_tree(aider_python, tmp_path):
+    """A task repository's `.aider.conf.yml` and `.env` (which could point Aider at another endpoint or model, or
+    turn its test runs on) are not read through our launcher; Aider itself, started plainly, does read them."""
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    repo.mkdir()
+    home.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".aider.conf.yml").write_text("model: openai/from-the-repo\n")
+    (repo / ".env").write_text("AIDER_MODEL=openai/from-the-dotenv\n")
+    launch = tmp_path / "launch.py"
+    launch.write_text(AIDER_LAUNCHER)
+    args = ["--exit", "--no-check-update", "--analytics-disable", "--yes-always", "--no-pretty", "--no-fancy-input"]
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "SWE_GYM_NET_LOG": str(tmp_path / "net"), "OPENAI_API_KEY": "x"}
+
+    def model(start: list[str]) -> str:
+        out = subprocess.run([*start, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+        return next((line for line in out.stdout.splitlines() if line.startswith("Model:")), out.stdout[-500:])
+
+    assert "from-the-dotenv" in model([*aider_python, "-m", "aider"])  # plain Aider: the repo's files decide
+    assert model([*aider_python, str(launch), "--model", "openai/ours"]).startswith("Model: openai/ours ")
+    assert model([*aider_python, str(launch)]).split()[1] not in ("openai/from-the-repo", "openai/from-the-dotenv")
+
+
+def test_aider_record_gives_each_call_its_reply_text_and_the_files_edited_from_it():
+    text = (FIXTURES / "aider-two-calls.txt").read_text()
+    reply = "I will fix it.\n\ncalc.py\n```python\n<<<<<<< SEARCH\n    return a - b\n=======\n    return a + b\n"
+    reply += ">>>>>>> REPLACE\n```"
+    assert llm_replies(text) == [reply, reply]
+    out = get_harness("aider").parse_events(text)
+    assert out.error_kind is None and out.model_calls == 2
+    assert [(s.content, s.edited) for s in out.steps] == [(reply, ()), (reply, ("calc.py",))]
+
+    def answered(i: int, content: str):
+        t = turn(i, 32)
+        return t.model_copy(update={"response_message": {"role": "assistant", "content": content}})
+
+    assert reconcile(out, [answered(0, reply), answered(1, reply + "\n")], 0).verdict == "match"
+    other = reconcile(out, [answered(0, reply), answered(1, reply.replace("a + b", "a * b"))], 0)
+    assert other.verdict == "mismatch" and "text is not the captured reply's" in other.detail
+    # an edit the agent says it applied from a reply that names no such file: not the captured reply's doing
+    elsewhere = reply.replace("calc.py", "other.py")
+    out.steps[1] = AgentStep(None, (), elsewhere, ("calc.py",))
+    moved = reconcile(out, [answered(0, reply), answered(1, elsewhere)], 0)
+    assert moved.verdict == "mismatch" and "the captured reply names no such file" in moved.detail
+
+
+def test_aider_record_of_an_unreachable_endpoint():
+    chat = (
+        "#### fix it\n"
+        + "> litellm.InternalServerError: InternalServerError: OpenAIException - Connection error.\n" * 3
+    )
+    out = get_harness("aider").parse_events(chat)
+    assert out.model_calls == 0 and out.error_kind == "endpoint_unreachable"
+    after = get_harness("aider").parse_events((FIXTURES / "aider-two-calls.txt").read_text() + chat)
+    assert after.model_calls == 2 and after.error_kind == "agent_crashed"  # it gave up on a third call
+
+
+def test_the_oracle_answers_aider_with_its_edit_blocks_then_again_once_it_added_the_files():
+    task = bundled_tasks()[0]
+    system = {"role": "system", "content": "reply with *SEARCH/REPLACE* blocks like\n<<<<<<< SEARCH\n"}
+    example = [{"role": "user", "content": "an example"}, {"role": "assistant", "content": "an example reply"}]
+    asked = [system, *example, {"role": "user", "content": f"working on:\n{task.problem_statement}"}]
+    policy = OraclePolicy()
+    first = policy.reply(asked, None)
+    assert first.content == edit_blocks(task.patch) and "<<<<<<< SEARCH" in first.content and not first.tool_calls
+    added = [*asked, {"role": "assistant", "content": first.content}]
+    again = policy.reply([*added, {"role": "user", "content": "I added these files to the chat: x.py\nLet me"}], None)
+    assert again.content == first.content
+    done = policy.reply([*added, {"role": "user", "content": "some other answer"}], None)
+    assert done.content is not None and "SEARCH" not in done.content
+
+
+def test_edit_blocks_carry_each_hunk_and_new_files():
+    patch = (
+        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n"
+        "+    return 2\ndiff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n"
+        "@@ -0,0 +1 @@\n+X = 1\n"
+    )
+    blocks = edit_blocks(patch)
+    assert (
+        "pkg/m.py\n```\n<<<<<<< SEARCH\ndef f():\n    return 1\n=======\ndef f():\n    return 2\n>>>>>>> REPLACE"
+        in blocks
+    )
+    assert "new.py\n```\n<<<<<<< SEARCH\n=======\nX = 1\n>>>>>>> REPLACE" in blocks
