@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from sse_starlette.sse import EventSourceResponse
@@ -108,32 +108,37 @@ class AdminApi:
         return JSONResponse({"id": session.id, "key": key, "base_url": "/capture/v1"}, 201)
 
     async def detail_route(self, request: Request) -> Response:
-        if (denied := self._denied(request)) is not None:
-            return denied
-        detail = self.proxy.session_detail(request.path_params["sid"])
-        return JSONResponse(detail) if detail is not None else JSONResponse({"error": "no such session"}, 404)
+        return self._document(request, self.proxy.session_detail)
 
     async def export_route(self, request: Request) -> Response:
+        return self._document(request, self.proxy.export)
+
+    def _document(self, request: Request, read: Callable[[str], dict | None]) -> Response:
+        """The session's document as ``read`` gives it (404 where it knows no such session)."""
         if (denied := self._denied(request)) is not None:
             return denied
-        doc = self.proxy.export(request.path_params["sid"])
+        doc = read(request.path_params["sid"])
         return JSONResponse(doc) if doc is not None else JSONResponse({"error": "no such session"}, 404)
 
-    async def close_route(self, request: Request) -> Response:
+    def _in_memory(self, request: Request, missing: str) -> CaptureSession | Response:
+        """The session the path names, as the proxy holds it; else the response to answer (denied, or 404 with
+        ``missing``)."""
         if (denied := self._denied(request)) is not None:
             return denied
         s = self.proxy.sessions.get(request.path_params["sid"])
-        if s is None:
-            return JSONResponse({"error": "no such open session"}, 404)
+        return s if s is not None else JSONResponse({"error": missing}, 404)
+
+    async def close_route(self, request: Request) -> Response:
+        s = self._in_memory(request, "no such open session")
+        if isinstance(s, Response):
+            return s
         self.proxy.close_session(s)
         return JSONResponse(s.summary())
 
     async def events_route(self, request: Request) -> Response:
-        if (denied := self._denied(request)) is not None:
-            return denied
-        s = self.proxy.sessions.get(request.path_params["sid"])
-        if s is None:
-            return JSONResponse({"error": "no such live session"}, 404)
+        s = self._in_memory(request, "no such live session")
+        if isinstance(s, Response):
+            return s
         queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
         s.subscribers.append(queue)
 

@@ -13,8 +13,8 @@ only, nothing captured) relay the engine's own bytes, so they suit dialects whos
 
 Adding a dialect (OpenAI Responses, Anthropic Messages, …) takes one module and one registry entry:
 
-1. ``server/capture/<name>.py``: a `Dialect` subclass (and a `DialectStream` for its streamed replies) that maps its
-   request shape onto an engine chat-completions body and the engine's replies back onto its own shape
+1. ``server/capture/dialects/<name>.py``: a `Dialect` subclass (and a `DialectStream` for its streamed replies) that
+   maps its request shape onto an engine chat-completions body and the engine's replies back onto its own shape
    (`openai_chat.ChatDialect` is the reference; subclass it when only the agent-facing side differs;
    `translated.TranslatedDialect` is the base of the dialects that translate to and from chat completions);
 2. ``server/capture/registry.py``: its entry in `DIALECTS` (and the import). `CaptureProxy.app` serves each route.
@@ -155,6 +155,19 @@ class DialectStream(ABC):
         """The whole call, validated (ids and logprobs aligned)."""
 
 
+@dataclass(frozen=True)
+class EngineTerms:
+    """What a session asks of the engine beside the agent's request (`Dialect.upstream_body`): the served model, the
+    max-tokens cap, the session's sampling and whether the engine streams. With ``capture``, token capture is forced
+    on; without it (passthrough, black box) only the served model and the compatibility rewrites apply."""
+
+    served_model: str
+    max_tokens: int
+    sampling: dict
+    stream: bool
+    capture: bool = True
+
+
 class Dialect(ABC):
     name: str
     routes: tuple[DialectRoute, ...]
@@ -181,18 +194,9 @@ class Dialect(ABC):
         """The agent's decoded JSON body, checked and normalised; `DialectError` (400) when it is not a request."""
 
     @abstractmethod
-    def upstream_body(
-        self,
-        request: AgentRequest,
-        *,
-        served_model: str,
-        max_tokens: int,
-        sampling: dict,
-        stream: bool,
-        capture: bool = True,
-    ) -> tuple[dict, list[str]]:
-        """The request as the engine gets it and the rewrites made (reported as findings). With ``capture``, token
-        capture is forced on (token ids, logprobs, tokens as ids), the served model, the max-tokens cap and the
+    def upstream_body(self, request: AgentRequest, terms: EngineTerms) -> tuple[dict, list[str]]:
+        """The request as the engine gets it and the rewrites made (reported as findings). With ``terms.capture``,
+        token capture is forced on (token ids, logprobs, tokens as ids), the served model, the max-tokens cap and the
         session's sampling; without it (passthrough) only the served model and the compatibility rewrites."""
 
     @abstractmethod

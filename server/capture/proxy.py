@@ -36,7 +36,16 @@ from starlette.routing import Route
 from swe_gym_env.server.capture import export as exporting
 from swe_gym_env.server.capture.admin import AdminApi
 from swe_gym_env.server.capture.compact import RequestDigests
-from swe_gym_env.server.capture.dialect import AgentRequest, AuxCall, CapturedCall, Dialect, DialectError, DialectRoute
+from swe_gym_env.server.capture.dialect import (
+    AgentRequest,
+    AuxCall,
+    CapturedCall,
+    Dialect,
+    DialectError,
+    DialectRoute,
+    EngineTerms,
+)
+from swe_gym_env.server.capture.graph import Node
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
 from swe_gym_env.server.capture.store import CaptureStore
@@ -67,6 +76,37 @@ def _hash(key: str) -> str:
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status, media_type="application/json")
+
+
+def _check_call(session: CaptureSession, call: CapturedCall) -> None:
+    """A call fit to record: the engine's completion token count matches its ids, and the session is still open."""
+    usage = call.usage or {}
+    reported = usage.get("completion_tokens")
+    if isinstance(reported, int) and reported != len(call.completion_token_ids):
+        raise DialectError(
+            502,
+            f"engine reports {reported} completion tokens but returned {len(call.completion_token_ids)} ids",
+        )
+    if session.closed:
+        raise DialectError(409, "the capture session closed during this call")
+
+
+def _turn_event(session: CaptureSession, dialect: Dialect, call: CapturedCall, node: Node, index: int) -> dict:
+    """The live event of one recorded turn (`CaptureSession.publish`)."""
+    return {
+        "type": "turn",
+        "session": session.id,
+        "index": index,
+        "dialect": dialect.name,
+        "parent": node.parent,
+        "relation": node.relation,
+        "retry_of": node.retry_of,
+        "prompt_tokens": len(call.prompt_token_ids),
+        "completion_tokens": len(call.completion_token_ids),
+        "finish_reason": call.finish_reason,
+        "tool_calls": [c["name"] for c in dialect.tool_calls(call.message)],
+        "at": session.last_call_at,
+    }
 
 
 class CaptureProxy:
@@ -271,13 +311,8 @@ class CaptureProxy:
         # the engine streams whatever the agent asked (its stall clock runs); without stream_through, never
         streams = session.stream_through
         through = req.stream and streams
-        up, rewrites = dialect.upstream_body(
-            req,
-            served_model=session.engine.served_model,
-            max_tokens=session.max_tokens,
-            sampling=session.sampling,
-            stream=streams,
-        )
+        terms = EngineTerms(session.engine.served_model, session.max_tokens, session.sampling, streams)
+        up, rewrites = dialect.upstream_body(req, terms)
         session.rewrites.update(rewrites)
         t0 = time.monotonic()
         if through:
@@ -302,14 +337,8 @@ class CaptureProxy:
     async def _black_box(self, session: CaptureSession, dialect: Dialect, req: AgentRequest) -> Response:
         """A black-box call in a dialect that does not relay the engine's bytes: the translated request without
         capture fields, the engine's whole reply translated back. Nothing is captured."""
-        up, rewrites = dialect.upstream_body(
-            req,
-            served_model=session.engine.served_model,
-            max_tokens=session.max_tokens,
-            sampling={},
-            stream=False,
-            capture=False,
-        )
+        terms = EngineTerms(session.engine.served_model, session.max_tokens, {}, False, capture=False)
+        up, rewrites = dialect.upstream_body(req, terms)
         session.rewrites.update(rewrites)
         try:
             status, data = await post(self.upstream, session, dialect.upstream_path, up)
@@ -378,32 +407,11 @@ class CaptureProxy:
         self, session: CaptureSession, dialect: Dialect, up: dict, call: CapturedCall, streamed: bool, wall: float
     ) -> None:
         """Validate, link, persist, publish — before the agent sees the end of the reply."""
-        usage = call.usage or {}
-        reported = usage.get("completion_tokens")
-        if isinstance(reported, int) and reported != len(call.completion_token_ids):
-            raise DialectError(
-                502,
-                f"engine reports {reported} completion tokens but returned {len(call.completion_token_ids)} ids",
-            )
-        if session.closed:
-            raise DialectError(409, "the capture session closed during this call")
+        _check_call(session, call)
         g = session.graph
         node, keys, findings = g.link(call.prompt_token_ids, call.completion_token_ids, call.logprobs)
         index = len(session.turns)
-        if self.store is not None:
-            try:
-                self.store.add_call(
-                    session.id,
-                    node,
-                    finish_reason=call.finish_reason,
-                    streamed=streamed,
-                    wall_s=round(wall, 4),
-                    request=up,
-                    response=call.message,
-                    dialect=dialect.name,
-                )
-            except Exception as e:  # never answer a call we could not keep
-                raise DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
+        self._persist(session, dialect, up, call, node, streamed, wall)
         g.commit(node, keys)
         messages = up.get("messages") or []
         request = session.requests.add(node.base, messages, {k: v for k, v in up.items() if k != "messages"})
@@ -429,24 +437,36 @@ class CaptureProxy:
         session.consecutive_failures = 0
         session.findings.extend(findings)
         session.last_call_at = time.time()
-        session.publish(
-            {
-                "type": "turn",
-                "session": session.id,
-                "index": index,
-                "dialect": dialect.name,
-                "parent": node.parent,
-                "relation": node.relation,
-                "retry_of": node.retry_of,
-                "prompt_tokens": len(call.prompt_token_ids),
-                "completion_tokens": len(call.completion_token_ids),
-                "finish_reason": call.finish_reason,
-                "tool_calls": [c["name"] for c in dialect.tool_calls(call.message)],
-                "at": session.last_call_at,
-            }
-        )
+        session.publish(_turn_event(session, dialect, call, node, index))
         if session.on_turn is not None:
             session.on_turn(turn)
+
+    def _persist(
+        self,
+        session: CaptureSession,
+        dialect: Dialect,
+        up: dict,
+        call: CapturedCall,
+        node: Node,
+        streamed: bool,
+        wall: float,
+    ) -> None:
+        """The call into the store, where there is one (a call that cannot be kept is never answered)."""
+        if self.store is None:
+            return
+        try:
+            self.store.add_call(
+                session.id,
+                node,
+                finish_reason=call.finish_reason,
+                streamed=streamed,
+                wall_s=round(wall, 4),
+                request=up,
+                response=call.message,
+                dialect=dialect.name,
+            )
+        except Exception as e:  # never answer a call we could not keep
+            raise DialectError(500, f"could not persist the call: {type(e).__name__}: {e}") from e
 
     # -- reading sessions -------------------------------------------------------------------------------------
     def get_session(self, session_id: str) -> CaptureSession | None:

@@ -23,7 +23,15 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from swe_gym_env.server.capture.dialect import AgentRequest, CapturedCall, Dialect, DialectError, DialectStream, sse
+from swe_gym_env.server.capture.dialect import (
+    AgentRequest,
+    CapturedCall,
+    Dialect,
+    DialectError,
+    DialectStream,
+    EngineTerms,
+    sse,
+)
 from swe_gym_env.server.capture.session import CaptureSession, EngineTarget
 from swe_gym_env.server.capture.upstream import Upstream, UpstreamError
 
@@ -255,14 +263,8 @@ async def collect(
 async def passthrough(upstream: Upstream, session: CaptureSession, dialect: Dialect, request: AgentRequest) -> Response:
     """Black-box: the request with only the served model and compatibility rewrites; the answer as the engine gave
     it. Nothing is captured."""
-    up, rewrites = dialect.upstream_body(
-        request,
-        served_model=session.engine.served_model,
-        max_tokens=session.max_tokens,
-        sampling={},
-        stream=request.stream,
-        capture=False,
-    )
+    terms = EngineTerms(session.engine.served_model, session.max_tokens, {}, request.stream, capture=False)
+    up, rewrites = dialect.upstream_body(request, terms)
     session.rewrites.update(rewrites)
     if not request.stream:
         try:

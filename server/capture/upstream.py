@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
@@ -47,6 +47,29 @@ class Upstream(Protocol):
     ) -> AbstractAsyncContextManager[StreamReply]: ...
 
     async def aclose(self) -> None: ...
+
+
+class _Reply:
+    """An engine's streamed reply (`StreamReply`) from either client: its status, content type and readers."""
+
+    def __init__(
+        self,
+        status: int,
+        content_type: str,
+        read: Callable[[], Awaitable[bytes]],
+        chunks: Callable[[], AsyncIterator[bytes]],
+    ) -> None:
+        self.status = status
+        self.content_type = content_type
+        self._read = read
+        self._chunks = chunks
+
+    async def body(self) -> bytes:
+        return await self._read()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for data in self._chunks():
+            yield data
 
 
 class AiohttpUpstream:
@@ -96,7 +119,7 @@ class AiohttpUpstream:
             async with await self._open(
                 url, body, headers, aiohttp.ClientTimeout(total=timeout, sock_read=timeout)
             ) as r:
-                yield _AiohttpStream(r)
+                yield _Reply(r.status, r.headers.get("content-type", ""), r.read, r.content.iter_any)
         except TimeoutError as e:
             raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
         except aiohttp.ClientError as e:
@@ -106,20 +129,6 @@ class AiohttpUpstream:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-class _AiohttpStream:
-    def __init__(self, r) -> None:
-        self._r = r
-        self.status = r.status
-        self.content_type = r.headers.get("content-type", "")
-
-    async def body(self) -> bytes:
-        return await self._r.read()
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        async for data in self._r.content.iter_any():
-            yield data
 
 
 class HttpxUpstream:
@@ -150,7 +159,7 @@ class HttpxUpstream:
                 async with self._client.stream(
                     "POST", url, content=orjson.dumps(body), headers=headers, timeout=timeout
                 ) as r:
-                    yield _HttpxStream(r)
+                    yield _Reply(r.status_code, r.headers.get("content-type", ""), r.aread, r.aiter_bytes)
         except (httpx.TimeoutException, TimeoutError) as e:
             raise UpstreamError(f"engine timed out after {timeout:.0f}s", timeout=True) from e
         except httpx.HTTPError as e:
@@ -158,20 +167,6 @@ class HttpxUpstream:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-class _HttpxStream:
-    def __init__(self, r) -> None:
-        self._r = r
-        self.status = r.status_code
-        self.content_type = r.headers.get("content-type", "")
-
-    async def body(self) -> bytes:
-        return await self._r.aread()
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        async for data in self._r.aiter_bytes():
-            yield data
 
 
 UPSTREAMS = {"aiohttp": AiohttpUpstream, "httpx": HttpxUpstream}

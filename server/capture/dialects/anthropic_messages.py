@@ -25,19 +25,8 @@ from typing import Any
 import orjson
 
 from swe_gym_env.server.capture.dialect import AgentRequest, AuxAnswer, AuxCall, DialectError, DialectRoute
-from swe_gym_env.server.capture.dialects.translated import (
-    IMAGES_REFUSED,
-    DialectEvents,
-    TranslatedDialect,
-    Translation,
-    assistant_message,
-    call_id,
-    dumps_args,
-    loads_args,
-    new_id,
-    tool_call,
-    usage_counts,
-)
+from swe_gym_env.server.capture.dialects import translated
+from swe_gym_env.server.capture.dialects.translated import IMAGES_REFUSED, DialectEvents, TranslatedDialect, Translation
 
 SIGNATURE = "swe-gym-capture"  # thinking blocks need a signature, or clients send them back as plain text
 HANDLED = {
@@ -120,7 +109,7 @@ def _user(content: Any, i: int, t: Translation) -> list[dict]:
 
 def _assistant(content: Any, i: int, t: Translation) -> dict:
     if isinstance(content, str):
-        return assistant_message(content, [], None)
+        return translated.assistant_message(content, [], None)
     if not isinstance(content, list):
         raise DialectError(400, f"messages[{i}].content must be a string or a list of content blocks")
     texts: list[str] = []
@@ -137,12 +126,14 @@ def _assistant(content: Any, i: int, t: Translation) -> dict:
             thinking.append(str(block.get("thinking", "")))
         elif kind == "tool_use":
             _cache(block, t)
-            calls.append(tool_call(str(block.get("id")), block.get("name"), dumps_args(block.get("input"))))
+            calls.append(
+                translated.tool_call(str(block.get("id")), block.get("name"), translated.dumps_args(block.get("input")))
+            )
         elif kind == "redacted_thinking":
             t.lose("redacted_thinking block dropped (opaque to the engine)")
         else:
             t.lose(f"{kind} block in assistant messages dropped")
-    return assistant_message("".join(texts) or None, calls, "\n".join(thinking) or None)
+    return translated.assistant_message("".join(texts) or None, calls, "\n".join(thinking) or None)
 
 
 def _tools(tools: Any, t: Translation) -> list[dict]:
@@ -227,7 +218,7 @@ class MessagesEvents(DialectEvents):
     def __init__(self, dialect: AnthropicDialect, request: AgentRequest) -> None:
         super().__init__(dialect, request)
         self.messages = dialect
-        self.id = new_id("msg_")
+        self.id = translated.new_id("msg_")
         self.index = -1
         self.open: str | None = None  # the kind of the open block
 
@@ -281,7 +272,7 @@ class MessagesEvents(DialectEvents):
     def finish(self, message: dict, finish: str | None, usage: dict | None) -> Iterator[bytes]:
         yield from self._close()
         reason, sequence = self.messages.stop_reason(self.request, finish)
-        p, c = usage_counts(usage)
+        p, c = translated.usage_counts(usage)
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}}
         yield event("message_delta", {**delta, "usage": _usage(p, c)})
         yield event("message_stop", {"type": "message_stop"})
@@ -329,20 +320,22 @@ class AnthropicDialect(TranslatedDialect):
             blocks.append({"type": "text", "text": message["content"]})
         for i, call in enumerate(message.get("tool_calls") or []):
             fn = call.get("function") or {}
-            args, ok = loads_args(fn.get("arguments"))
+            args, ok = translated.loads_args(fn.get("arguments"))
             if not ok:
                 self.note(request, "tool-call arguments that are not a JSON object answered as {}")
-            blocks.append({"type": "tool_use", "id": call_id(call, i), "name": fn.get("name"), "input": args})
+            blocks.append(
+                {"type": "tool_use", "id": translated.call_id(call, i), "name": fn.get("name"), "input": args}
+            )
         reason, sequence = self.stop_reason(request, finish)
         return {
-            "id": new_id("msg_"),
+            "id": translated.new_id("msg_"),
             "type": "message",
             "role": "assistant",
             "model": request.model,
             "content": blocks,
             "stop_reason": reason,
             "stop_sequence": sequence,
-            "usage": _usage(*usage_counts(usage)),
+            "usage": _usage(*translated.usage_counts(usage)),
         }
 
     def error_body(self, status: int, message: str) -> dict:

@@ -26,19 +26,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from swe_gym_env.server.capture.dialect import AgentRequest, AuxAnswer, AuxCall, DialectError, DialectRoute, sse
-from swe_gym_env.server.capture.dialects.translated import (
-    IMAGES_REFUSED,
-    DialectEvents,
-    TranslatedDialect,
-    Translation,
-    assistant_message,
-    call_id,
-    dumps_args,
-    loads_args,
-    new_id,
-    tool_call,
-    usage_counts,
-)
+from swe_gym_env.server.capture.dialects import translated
+from swe_gym_env.server.capture.dialects.translated import IMAGES_REFUSED, DialectEvents, TranslatedDialect, Translation
 
 HANDLED = {"contents", "systemInstruction", "system_instruction", "tools", "toolConfig", "generationConfig", "model"}
 GENERATION = {
@@ -89,7 +78,7 @@ def _response_text(response: Any, t: Translation) -> str:
     if isinstance(response, dict) and set(response) == {"error"} and isinstance(response["error"], str):
         t.lose("functionResponse error flag dropped (chat tool messages have none)")
         return response["error"]
-    return dumps_args(response)
+    return translated.dumps_args(response)
 
 
 def translate_contents(body: dict, t: Translation) -> list[dict]:
@@ -121,7 +110,7 @@ def translate_contents(body: dict, t: Translation) -> list[dict]:
                 if "functionCall" in part:
                     fc = part["functionCall"] or {}
                     cid = str(fc.get("id") or f"call_{c}_{p}")
-                    calls.append(tool_call(cid, fc.get("name"), dumps_args(fc.get("args"))))
+                    calls.append(translated.tool_call(cid, fc.get("name"), translated.dumps_args(fc.get("args"))))
                 elif "text" in part and part.get("thought"):
                     reasoning.append(str(part["text"]))
                 elif "text" in part:
@@ -145,7 +134,7 @@ def translate_contents(body: dict, t: Translation) -> list[dict]:
             else:
                 t.lose(f"user part {sorted(part)[0] if part else 'empty'} dropped")
         if role == "model":
-            chat.append(assistant_message("".join(texts) or None, calls, "\n".join(reasoning) or None))
+            chat.append(translated.assistant_message("".join(texts) or None, calls, "\n".join(reasoning) or None))
             last_calls, answered = [c_["id"] for c_ in calls], 0
         else:
             if texts:
@@ -237,7 +226,7 @@ class GeminiEvents(DialectEvents):
     def __init__(self, dialect: GeminiDialect, request: AgentRequest) -> None:
         super().__init__(dialect, request)
         self.gemini = dialect
-        self.id = new_id("")[:24]
+        self.id = translated.new_id("")[:24]
         self.tool: tuple[str, str, list[str]] | None = None  # (id, name, argument pieces) until it is complete
         self.sent = 0  # parts sent
 
@@ -275,7 +264,7 @@ class GeminiEvents(DialectEvents):
     def finish(self, message: dict, finish: str | None, usage: dict | None) -> Iterator[bytes]:
         parts = self._flush_tool() or [{"text": ""}]  # the last chunk carries a part, as the API's own does
         extra = {"candidate": {"finishReason": self.gemini.finish_reason(self.request, finish)}}
-        yield self._chunk(parts, **extra, usageMetadata=_usage(*usage_counts(usage)))
+        yield self._chunk(parts, **extra, usageMetadata=_usage(*translated.usage_counts(usage)))
 
 
 class GeminiDialect(TranslatedDialect):
@@ -302,7 +291,7 @@ class GeminiDialect(TranslatedDialect):
         return FINISH[finish or "stop"]
 
     def call_part(self, request: AgentRequest, cid: str, name: str, arguments: Any) -> dict:
-        args, ok = loads_args(arguments)
+        args, ok = translated.loads_args(arguments)
         if not ok:
             self.note(request, "function-call arguments that are not a JSON object answered as {}")
         return {"functionCall": {"id": cid, "name": name, "args": args}}
@@ -318,7 +307,9 @@ class GeminiDialect(TranslatedDialect):
             parts.append({"text": message["content"]})
         for i, call in enumerate(message.get("tool_calls") or []):
             fn = call.get("function") or {}
-            parts.append(self.call_part(request, call_id(call, i), fn.get("name") or "", fn.get("arguments")))
+            parts.append(
+                self.call_part(request, translated.call_id(call, i), fn.get("name") or "", fn.get("arguments"))
+            )
         candidate = {
             "content": {"role": "model", "parts": parts or [{"text": ""}]},
             "finishReason": self.finish_reason(request, finish),
@@ -326,9 +317,9 @@ class GeminiDialect(TranslatedDialect):
         }
         return {
             "candidates": [candidate],
-            "usageMetadata": _usage(*usage_counts(usage)),
+            "usageMetadata": _usage(*translated.usage_counts(usage)),
             "modelVersion": request.model,
-            "responseId": new_id("")[:24],
+            "responseId": translated.new_id("")[:24],
         }
 
     def error_body(self, status: int, message: str) -> dict:

@@ -22,6 +22,7 @@ from swe_gym_env.server.capture.dialect import (
     DialectError,
     DialectRoute,
     DialectStream,
+    EngineTerms,
     read_event,
     sse,
 )
@@ -45,23 +46,21 @@ def _strip_schema(node: Any) -> int:
     return n
 
 
-def upstream_body(
-    body: dict, *, served_model: str, max_tokens: int, sampling: dict, stream: bool, capture: bool = True
-) -> tuple[dict, list[str]]:
+def upstream_body(body: dict, terms: EngineTerms) -> tuple[dict, list[str]]:
     """The request as the engine gets it, and the rewrites made (reported as findings)."""
     up = copy.deepcopy(body)
     rewrites: list[str] = []
-    up["model"] = served_model
+    up["model"] = terms.served_model
     if up.get("tools") == []:
         del up["tools"]
         up.pop("tool_choice", None)
         rewrites.append("removed an empty tools array (engines reject it)")
     if isinstance(up.get("tools"), list) and _strip_schema(up["tools"]):
         rewrites.append("removed $schema keys from tool parameters")
-    if not capture:
+    if not terms.capture:
         return up, rewrites
-    up["stream"] = stream
-    if stream:
+    up["stream"] = terms.stream
+    if terms.stream:
         up["stream_options"] = {"include_usage": True}
     else:
         up.pop("stream_options", None)
@@ -69,12 +68,12 @@ def upstream_body(
     up["logprobs"] = True
     up["top_logprobs"] = max(1, min(int(up.get("top_logprobs") or 1), 20))
     up["return_tokens_as_token_ids"] = True
-    up.update(sampling)
+    up.update(terms.sampling)
     for k in ("max_completion_tokens", "max_tokens"):
         if k in up:
-            up[k] = min(int(up[k]), max_tokens)
+            up[k] = min(int(up[k]), terms.max_tokens)
     if "max_completion_tokens" not in up and "max_tokens" not in up:
-        up["max_tokens"] = max_tokens
+        up["max_tokens"] = terms.max_tokens
     return up, rewrites
 
 
@@ -307,24 +306,8 @@ class ChatDialect(Dialect):
             model=body.get("model"),
         )
 
-    def upstream_body(
-        self,
-        request: AgentRequest,
-        *,
-        served_model: str,
-        max_tokens: int,
-        sampling: dict,
-        stream: bool,
-        capture: bool = True,
-    ) -> tuple[dict, list[str]]:
-        return upstream_body(
-            request.body,
-            served_model=served_model,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stream=stream,
-            capture=capture,
-        )
+    def upstream_body(self, request: AgentRequest, terms: EngineTerms) -> tuple[dict, list[str]]:
+        return upstream_body(request.body, terms)
 
     def call_from_reply(self, data: Any) -> CapturedCall:
         return call_from_reply(data)

@@ -27,19 +27,8 @@ from typing import Any
 import orjson
 
 from swe_gym_env.server.capture.dialect import AgentRequest, AuxAnswer, AuxCall, DialectError, DialectRoute
-from swe_gym_env.server.capture.dialects.translated import (
-    IMAGES_REFUSED,
-    DialectEvents,
-    TranslatedDialect,
-    Translation,
-    assistant_message,
-    call_id,
-    dumps_args,
-    loads_args,
-    new_id,
-    tool_call,
-    usage_counts,
-)
+from swe_gym_env.server.capture.dialects import translated
+from swe_gym_env.server.capture.dialects.translated import IMAGES_REFUSED, DialectEvents, TranslatedDialect, Translation
 
 HANDLED = {
     "model", "input", "instructions", "stream", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
@@ -85,7 +74,7 @@ class _Assistant:
         self.calls: list[dict] = []
 
     def message(self) -> dict:
-        return assistant_message("".join(self.texts) or None, self.calls, "\n".join(self.reasoning) or None)
+        return translated.assistant_message("".join(self.texts) or None, self.calls, "\n".join(self.reasoning) or None)
 
 
 def _reasoning(item: dict, t: Translation) -> str:
@@ -139,11 +128,13 @@ def translate_input(body: dict, t: Translation) -> list[dict]:
         elif kind == "function_call":
             pending = pending or _Assistant()
             cid = str(item.get("call_id") or item.get("id"))
-            pending.calls.append(tool_call(cid, item.get("name"), str(item.get("arguments") or "")))
+            pending.calls.append(translated.tool_call(cid, item.get("name"), str(item.get("arguments") or "")))
         elif kind == "custom_tool_call":
             pending = pending or _Assistant()
             cid = str(item.get("call_id") or item.get("id"))
-            pending.calls.append(tool_call(cid, item.get("name"), dumps_args({"input": item.get("input", "")})))
+            pending.calls.append(
+                translated.tool_call(cid, item.get("name"), translated.dumps_args({"input": item.get("input", "")}))
+            )
         elif kind in ("function_call_output", "custom_tool_call_output"):
             flush()
             output = _text(item.get("output"), f"input[{i}].output", t, ("input_text", "output_text", "text"))
@@ -242,7 +233,7 @@ class ResponsesEvents(DialectEvents):
     def __init__(self, dialect: ResponsesDialect, request: AgentRequest) -> None:
         super().__init__(dialect, request)
         self.responses = dialect
-        self.id = new_id("resp_")
+        self.id = translated.new_id("resp_")
         self.created = int(time.time())
         self.seq = 0
         self.output: list[dict] = []
@@ -275,7 +266,7 @@ class ResponsesEvents(DialectEvents):
             yield self._ev("response.function_call_arguments.done", **self._where(), arguments=text)
             item = {**item, "status": "completed", "arguments": text}
         else:  # a custom tool call: its input is the engine's one string argument
-            args, _ = loads_args(text)
+            args, _ = translated.loads_args(text)
             value = args.get("input") if isinstance(args.get("input"), str) else text
             yield self._ev("response.custom_tool_call_input.done", **self._where(), input=value)
             item = {**item, "status": "completed", "input": value}
@@ -295,7 +286,13 @@ class ResponsesEvents(DialectEvents):
 
     def reasoning(self, text: str) -> Iterator[bytes]:
         if self.item is None or self.item["type"] != "reasoning":
-            item = {"type": "reasoning", "id": new_id("rs_"), "summary": [], "content": [], "status": "in_progress"}
+            item = {
+                "type": "reasoning",
+                "id": translated.new_id("rs_"),
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
             yield from self._open(item)
         self.buf.append(text)
         yield self._ev("response.reasoning_text.delta", **self._where(), content_index=0, delta=text)
@@ -304,7 +301,7 @@ class ResponsesEvents(DialectEvents):
         if self.item is None or self.item["type"] != "message":
             item = {
                 "type": "message",
-                "id": new_id("msg_"),
+                "id": translated.new_id("msg_"),
                 "status": "in_progress",
                 "role": "assistant",
                 "content": [],
@@ -329,7 +326,13 @@ class ResponsesEvents(DialectEvents):
         yield from self._close()
         status, incomplete = self.responses.status(self.request, finish)
         full = self.responses.response(
-            self.request, self.id, self.created, status, self.output, incomplete, _usage(*usage_counts(usage))
+            self.request,
+            self.id,
+            self.created,
+            status,
+            self.output,
+            incomplete,
+            _usage(*translated.usage_counts(usage)),
         )
         yield self._ev("response.completed" if status == "completed" else "response.incomplete", response=full)
 
@@ -361,7 +364,7 @@ class ResponsesDialect(TranslatedDialect):
         if name in request.state.get("custom_tools", []):
             item: dict[str, Any] = {"type": "custom_tool_call", "id": f"ctc_{cid}", "call_id": cid, "name": name}
             if arguments is not None:
-                args, _ = loads_args(arguments)
+                args, _ = translated.loads_args(arguments)
                 item["input"] = args.get("input") if isinstance(args.get("input"), str) else arguments
             return {**item, "status": status}
         return {
@@ -413,20 +416,34 @@ class ResponsesDialect(TranslatedDialect):
         if message.get("reasoning"):
             content = [{"type": "reasoning_text", "text": message["reasoning"]}]
             output.append(
-                {"type": "reasoning", "id": new_id("rs_"), "summary": [], "content": content, "status": "completed"}
+                {
+                    "type": "reasoning",
+                    "id": translated.new_id("rs_"),
+                    "summary": [],
+                    "content": content,
+                    "status": "completed",
+                }
             )
         if message.get("content"):
             part = {"type": "output_text", "text": message["content"], "annotations": [], "logprobs": []}
             output.append(
-                {"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant", "content": [part]}
+                {
+                    "type": "message",
+                    "id": translated.new_id("msg_"),
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [part],
+                }
             )
         for i, call in enumerate(message.get("tool_calls") or []):
             fn = call.get("function") or {}
             args = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
-            output.append(self.call_item(request, call_id(call, i), fn.get("name") or "", args, "completed"))
+            output.append(self.call_item(request, translated.call_id(call, i), fn.get("name") or "", args, "completed"))
         status, incomplete = self.status(request, finish)
-        usage_obj = _usage(*usage_counts(usage))
-        return self.response(request, new_id("resp_"), int(time.time()), status, output, incomplete, usage_obj)
+        usage_obj = _usage(*translated.usage_counts(usage))
+        return self.response(
+            request, translated.new_id("resp_"), int(time.time()), status, output, incomplete, usage_obj
+        )
 
     def error_body(self, status: int, message: str) -> dict:
         kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")

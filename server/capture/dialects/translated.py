@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swe_gym_env.server.capture.dialect import (
     AgentRequest,
@@ -38,6 +38,9 @@ from swe_gym_env.server.capture.dialect import (
 from swe_gym_env.server.capture.dialects.openai_chat import StreamAccumulator
 from swe_gym_env.server.capture.dialects.openai_chat import upstream_body as chat_upstream_body
 from swe_gym_env.server.capture.ids import check_ids
+
+if TYPE_CHECKING:  # annotations only
+    from swe_gym_env.server.capture.dialect import EngineTerms
 
 IMAGES_REFUSED = "images are not supported through the capture proxy (the engine takes text only)"
 
@@ -142,6 +145,19 @@ class DialectEvents(ABC):
         """Close what is open and end the stream (the reply's stop reason and usage)."""
 
 
+def _first_choice(chunk: dict) -> Iterator[tuple[dict, dict]]:
+    """A streamed engine chunk's first choice (index 0: the one the agent gets) and its delta, where it has one."""
+    for choice in chunk.get("choices") or []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            yield choice, choice.get("delta") or {}
+
+
+def _reasoning(delta: dict) -> str:
+    """A delta's reasoning text ('' where it has none)."""
+    r = delta.get("reasoning") or delta.get("reasoning_content")
+    return r if isinstance(r, str) else ""
+
+
 class TranslatedStream(DialectStream):
     """A streamed engine reply, captured as chat's is and translated chunk by chunk into the agent's events."""
 
@@ -161,12 +177,8 @@ class TranslatedStream(DialectStream):
 
     def add(self, chunk: dict) -> None:
         self.acc.add(chunk)
-        for choice in chunk.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            r = delta.get("reasoning") or delta.get("reasoning_content")
-            if isinstance(r, str) and r:
+        for choice, delta in _first_choice(chunk):
+            if r := _reasoning(delta):
                 self.reasoning.append(r)
             if choice.get("finish_reason") and choice.get("stop_reason") is not None:
                 self.request.state["engine_stop"] = choice["stop_reason"]
@@ -179,12 +191,8 @@ class TranslatedStream(DialectStream):
         if not self.started:
             self.started = True
             yield from self.events.start(len(self.acc.prompt_token_ids or []))
-        for choice in chunk.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            r = delta.get("reasoning") or delta.get("reasoning_content")
-            if isinstance(r, str) and r:
+        for _, delta in _first_choice(chunk):
+            if r := _reasoning(delta):
                 yield from self.events.reasoning(r)
             if isinstance(delta.get("content"), str) and delta["content"]:
                 yield from self.events.text(delta["content"])
@@ -242,25 +250,9 @@ class TranslatedDialect(Dialect):
             body=t.body, stream=t.stream, include_usage=True, model=t.model, state={**t.state, "lost": t.lost}
         )
 
-    def upstream_body(
-        self,
-        request: AgentRequest,
-        *,
-        served_model: str,
-        max_tokens: int,
-        sampling: dict,
-        stream: bool,
-        capture: bool = True,
-    ) -> tuple[dict, list[str]]:
-        up, rewrites = chat_upstream_body(
-            request.body,
-            served_model=served_model,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stream=stream if capture else False,
-            capture=capture,
-        )
-        if not capture:
+    def upstream_body(self, request: AgentRequest, terms: EngineTerms) -> tuple[dict, list[str]]:
+        up, rewrites = chat_upstream_body(request.body, terms)
+        if not terms.capture:
             up["stream"] = False  # black-box: one whole reply, translated for the agent
             up.pop("stream_options", None)
         return up, rewrites + [f"{self.name}: {what}" for what in request.state.get("lost", [])]
