@@ -10,12 +10,28 @@ Stdlib only and no project imports: `wire.py` (which the light client uses) impo
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+import importlib
+from typing import Any, NamedTuple
 
 
 class Plugin(NamedTuple):
     target: str  # "module:Class", imported on first use
     install: str  # what to install when the class cannot load (its SDK, binary or daemon is missing)
+
+    def load(self) -> Any:
+        """The class, imported on first use (the registries' one lazy loader). Raises ImportError naming what to
+        install."""
+        try:
+            return _import(self.target)
+        except ImportError as e:
+            raise ImportError(f"{e}; install: {self.install}") from e
+
+
+@functools.cache
+def _import(target: str) -> Any:
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def _harness(name: str, module: str, cls: str) -> tuple[str, Plugin]:
@@ -38,8 +54,10 @@ HARNESSES: dict[str, Plugin] = dict(
         _harness("kimi-cli", "kimi_cli", "KimiCliHarness"),
         _harness("mistral-vibe", "mistral_vibe", "MistralVibeHarness"),
         _harness("aider", "aider", "AiderHarness"),
+        _harness("hermes", "hermes", "HermesHarness"),
         _harness("terminus-2", "terminus2", "Terminus2Harness"),
         _harness("droid", "droid", "DroidHarness"),
+        _harness("openclaw", "openclaw", "OpenClawHarness"),
     ]
 )
 

@@ -307,78 +307,92 @@ def build_env(task: Task, log=None) -> Path:
     cfg = task.install_config
     if env is None or cfg is None:
         raise EnvError(f"task {task.instance_id} declares no environment (no install_config or no local repository)")
-    final = env.host_path
     with file_lock(envs_root() / f".{env.key}.lock"):
-        if (final / ".ready").is_file():
-            return final
-        t0 = time.monotonic()
-        system, other_pre = _system_lines(cfg)
-        check_system_packages(system, task.instance_id)
-        if cfg.env_yml_path or (cfg.packages or "").strip().endswith((".yml", ".yaml")):
+        if not (env.host_path / ".ready").is_file():
+            _build_locked(task, env, cfg, log)
+    return env.host_path
+
+
+def _build_locked(task: Task, env: TaskEnv, cfg: InstallConfig, log) -> None:
+    """The venv built in a scratch folder beside the envs, then renamed into place (under the env's lock)."""
+    t0 = time.monotonic()
+    system, other_pre = _system_lines(cfg)
+    check_system_packages(system, task.instance_id)
+    if cfg.env_yml_path or (cfg.packages or "").strip().endswith((".yml", ".yaml")):
+        raise EnvError(
+            f"task environment for {task.instance_id}: install_config names a conda environment file "
+            f"({cfg.env_yml_path or cfg.packages}), which the local backend cannot build: use an image backend"
+        )
+    python, version, notes = _host_python(cfg.python)
+    envs_root().mkdir(parents=True, exist_ok=True)
+    pip_cache = cache_dir() / "pip-cache"
+    pip_cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=envs_root(), prefix=f".build-{env.key}-") as tmp:
+        work = Path(tmp)
+        venv_dir = work / "venv"
+        venv_dir.mkdir()
+        clone = None
+        if needs_repo(cfg) and task.repo_source:
+            clone = work / "repo"
+            _clone(task.repo_source, task.base_commit, clone)
+        step = _Steps(task.instance_id, _bwrap_argv(venv_dir, env.sandbox_path, clone, task.workdir, pip_cache), log)
+        step(f"{shlex.quote(python)} -m venv {shlex.quote(env.sandbox_path)}", "python (creating the venv)")
+        _install(step, cfg, other_pre)
+        freeze = step("python -m pip freeze --all", "python (listing the venv)")
+        real = step("python -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'", "python").strip()
+        meta = {
+            "key": env.key,
+            "instance_id": task.instance_id,
+            "requirement_set": requirement_set(cfg, task.repo, task.base_commit),
+            "python": real or version,
+            "notes": notes,
+            "freeze": [line for line in freeze.splitlines() if line.strip()],
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "build_s": round(time.monotonic() - t0, 1),
+        }
+        (venv_dir / "swe-gym-env.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (venv_dir / ".ready").write_text("ok\n")
+        if env.host_path.exists():  # a half-built leftover (no .ready): replace it
+            shutil.rmtree(env.host_path)
+        os.rename(venv_dir, env.host_path)
+
+
+class _Steps:
+    """One build step: a script run in the build box; a failure names the install_config field it came from."""
+
+    def __init__(self, instance_id: str, argv: list[str], log) -> None:
+        self.instance_id, self.argv, self.log = instance_id, argv, log
+
+    def __call__(self, script: str, what: str, culprits: list[str] | None = None) -> str:
+        if self.log:
+            self.log(f"{self.instance_id}: {what}")
+        rc, out = _run(self.argv, script)
+        if rc == 0:
+            return out
+        where = f"task environment for {self.instance_id}"
+        if culprits is not None:
             raise EnvError(
-                f"task environment for {task.instance_id}: install_config names a conda environment file "
-                f"({cfg.env_yml_path or cfg.packages}), which the local backend cannot build: use an image backend"
+                f"{where}: could not install {_pip_culprit(out, culprits)} (declared in "
+                f"install_config.{what}): {_last_lines(out)}"
             )
-        python, version, notes = _host_python(cfg.python)
-        envs_root().mkdir(parents=True, exist_ok=True)
-        pip_cache = cache_dir() / "pip-cache"
-        pip_cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=envs_root(), prefix=f".build-{env.key}-") as tmp:
-            work = Path(tmp)
-            venv_dir = work / "venv"
-            venv_dir.mkdir()
-            clone = None
-            if needs_repo(cfg) and task.repo_source:
-                clone = work / "repo"
-                _clone(task.repo_source, task.base_commit, clone)
-            argv = _bwrap_argv(venv_dir, env.sandbox_path, clone, task.workdir, pip_cache)
-            q = shlex.quote
-            where = f"task environment for {task.instance_id}"
+        raise EnvError(f"{where}: install_config.{what} failed (exit {rc}): {_last_lines(out)}")
 
-            def step(script: str, what: str, culprits: list[str] | None = None) -> str:
-                if log:
-                    log(f"{task.instance_id}: {what}")
-                rc, out = _run(argv, script)
-                if rc != 0:
-                    if culprits is not None:
-                        raise EnvError(
-                            f"{where}: could not install {_pip_culprit(out, culprits)} (declared in "
-                            f"install_config.{what}): {_last_lines(out)}"
-                        )
-                    raise EnvError(f"{where}: install_config.{what} failed (exit {rc}): {_last_lines(out)}")
-                return out
 
-            step(f"{q(python)} -m venv {q(env.sandbox_path)}", "python (creating the venv)")
-            pip = "python -m pip install"
-            conda_names = [] if not cfg.packages or cfg.packages == "requirements.txt" else cfg.packages.split()
-            reqs = [*cfg.pip_packages, *conda_names]
-            if reqs:
-                step(f"{pip} {' '.join(q(r) for r in reqs)}", "pip_packages", [*reqs])
-            if cfg.packages == "requirements.txt" or cfg.reqs_path:
-                files = cfg.reqs_path or ["requirements.txt"]
-                step(f"{pip} {' '.join('-r ' + q(f) for f in files)}", "reqs_path", files)
-            for line in other_pre:
-                step(line, f"pre_install ({line[:80]!r})")
-            if cfg.install:
-                step(cfg.install, f"install ({cfg.install[:80]!r})")
-            freeze = step("python -m pip freeze --all", "python (listing the venv)")
-            real = step("python -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'", "python").strip()
-            meta = {
-                "key": env.key,
-                "instance_id": task.instance_id,
-                "requirement_set": requirement_set(cfg, task.repo, task.base_commit),
-                "python": real or version,
-                "notes": notes,
-                "freeze": [line for line in freeze.splitlines() if line.strip()],
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "build_s": round(time.monotonic() - t0, 1),
-            }
-            (venv_dir / "swe-gym-env.json").write_text(json.dumps(meta, indent=1) + "\n")
-            (venv_dir / ".ready").write_text("ok\n")
-            if final.exists():  # a half-built leftover (no .ready): replace it
-                shutil.rmtree(final)
-            os.rename(venv_dir, final)
-    return final
+def _install(step: _Steps, cfg: InstallConfig, other_pre: list[str]) -> None:
+    """The row's packages, requirement files, pre-install lines and install command, in that order."""
+    q = shlex.quote
+    pip = "python -m pip install"
+    conda_names = [] if not cfg.packages or cfg.packages == "requirements.txt" else cfg.packages.split()
+    reqs = [*cfg.pip_packages, *conda_names]
+    if reqs:
+        step(f"{pip} {' '.join(q(r) for r in reqs)}", "pip_packages", [*reqs])
+    if cfg.packages == "requirements.txt" or cfg.reqs_path:
+        files = cfg.reqs_path or ["requirements.txt"]
+        step(f"{pip} {' '.join('-r ' + q(f) for f in files)}", "reqs_path", files)
+    for line in other_pre:
+        step(line, f"pre_install ({line[:80]!r})")
+    if cfg.install:
+        step(cfg.install, f"install ({cfg.install[:80]!r})")
 
 
 # -- what `info` reports -----------------------------------------------------------------------------------------------

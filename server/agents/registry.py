@@ -3,26 +3,19 @@ a class is imported on first use. Adding an agent is one class plus one row ther
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Mapping
 
 from swe_gym_env.core.names import HARNESSES as _NAMES
 from swe_gym_env.server.agents.base import AgentError, Harness
 
-_loaded: dict[str, type[Harness]] = {}
-
 
 def harness_class(name: str) -> type[Harness]:
     if name not in _NAMES:
         raise AgentError("install", f"unknown harness {name!r}; known: {sorted(_NAMES)}")
-    if name not in _loaded:
-        target, install = _NAMES[name]
-        module, cls = target.split(":")
-        try:
-            _loaded[name] = getattr(importlib.import_module(module), cls)
-        except ImportError as e:
-            raise AgentError("install", f"harness {name!r} cannot load ({e}); install: {install}") from e
-    return _loaded[name]
+    try:
+        return _NAMES[name].load()
+    except ImportError as e:
+        raise AgentError("install", f"harness {name!r} cannot load ({e})") from e
 
 
 def get_harness(name: str) -> Harness:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import logging
 import os
 import re
@@ -23,20 +22,15 @@ log = logging.getLogger(__name__)
 
 BACKENDS = SANDBOXES  # name -> ("module:Class", what to install when it is missing)
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_loaded: dict[str, type[SandboxBase]] = {}
 
 
 def backend_class(name: str) -> type[SandboxBase]:
     if name not in BACKENDS:
         raise SandboxError(f"unknown sandbox backend {name!r}; known: {sorted(BACKENDS)}")
-    if name not in _loaded:
-        target, hint = BACKENDS[name]
-        module, cls = target.split(":")
-        try:
-            _loaded[name] = getattr(importlib.import_module(module), cls)
-        except ImportError as e:
-            raise SandboxUnavailable(f"sandbox backend {name!r} cannot load ({e}); install: {hint}") from e
-    return _loaded[name]
+    try:
+        return BACKENDS[name].load()
+    except ImportError as e:
+        raise SandboxUnavailable(f"sandbox backend {name!r} cannot load ({e})") from e
 
 
 def server_labels(spec: SandboxSpec) -> dict[str, str]:
