@@ -10,6 +10,7 @@ replies parsed by harbor's own parsers in the bundle's Python."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
@@ -34,7 +35,7 @@ from swe_gym_env.server.agents.harnesses.terminus2 import (
     _documents,
 )
 from swe_gym_env.server.agents.registry import get_harness
-from swe_gym_env.server.engine.policy import OraclePolicy
+from swe_gym_env.server.engine.policy import KEYSTROKE_CHUNK, OraclePolicy
 from swe_gym_env.tasks.catalog import bundled_tasks
 from swe_gym_env.wire import RolloutRequest, Turn
 
@@ -214,17 +215,31 @@ def test_its_bundle_runs_tmux_and_harbor_parses_the_oracles_replies_in_both_form
     assert (root / TMUX).is_file() and (root / "bin" / "tmux").read_text() == TMUX_WRAPPER
     version = subprocess.run([str(root / "bin" / "tmux"), "-V"], capture_output=True, text=True, timeout=30)
     assert version.returncode == 0 and version.stdout.startswith("tmux 3."), version.stderr
-    task = bundled_tasks()[0]
+    short, long = bundled_tasks()[0], next(t for t in bundled_tasks() if len(t.patch) > KEYSTROKE_CHUNK)
     for fmt, parser in (("json", "TerminusJSONPlainParser"), ("xml", "TerminusXMLPlainParser")):
-        plan = OraclePolicy().keystrokes_plan(task, "/work/repo", fmt)
-        replies = json.dumps([r.content for r in plan])
-        code = (
-            f"import json\nfrom harbor.agents.terminus_2.terminus_{fmt}_plain_parser import {parser}\n"
-            f"p = {parser}()\nfor text in json.loads({replies!r}):\n"
-            "    r = p.parse_response(text)\n"
-            "    print(json.dumps([r.error, [c.keystrokes for c in r.commands], r.is_task_complete]))\n"
-        )
-        parsed = [json.loads(line) for line in bundle_python(h, code).splitlines()]
-        assert [p[0] for p in parsed] == ["", ""] or [p[0] for p in parsed] == [None, None], parsed
-        assert parsed[0][1][0].startswith("cd /work/repo && printf %s ") and parsed[0][1][0].endswith("\n")
-        assert [p[2] for p in parsed] == [False, True]  # the fix, then done (sent again to confirm)
+        for task in (short, long):
+            plan = OraclePolicy().keystrokes_plan(task, "/work/repo", fmt)
+            replies = json.dumps([r.content for r in plan])
+            code = (
+                f"import json\nfrom harbor.agents.terminus_2.terminus_{fmt}_plain_parser import {parser}\n"
+                f"p = {parser}()\nfor text in json.loads({replies!r}):\n"
+                "    r = p.parse_response(text)\n"
+                "    print(json.dumps([r.error, [c.keystrokes for c in r.commands], r.is_task_complete]))\n"
+            )
+            parsed = [json.loads(line) for line in bundle_python(h, code).splitlines()]
+            assert all(not p[0] for p in parsed), parsed
+            typed = [k for p in parsed for k in p[1]]
+            assert all(k.endswith("\n") for k in typed) and typed[-1].startswith("cd /work/repo && ")
+            assert [p[2] for p in parsed] == [False] * len(typed) + [True]  # the fix, then done (sent again: confirmed)
+            # a long patch goes in pieces, one reply each, none longer than a reply may be
+            assert len(typed) == (1 if task is short else -(-len(base64.b64encode(task.patch.encode())) // 800) + 1)
+            assert all(len(k) < KEYSTROKE_CHUNK + 100 for k in typed)
+
+
+def test_a_reply_cut_at_max_tokens_is_noted_where_its_trajectory_lost_it():
+    """harbor drops a reply cut at max_tokens from its trajectory and asks again; the launcher notes it (before the
+    step of the answer asked for), recorded from a real run (the oracle's one-line patch cut at 1,024 tokens)."""
+    out = Terminus2Harness().parse_events((FIXTURES / "truncated-events.json").read_text())
+    assert out.model_calls == 3 and out.completion_tokens == [40, 40] and out.error_kind is None
+    assert reconcile(out, turns(1024, 40, 40), 0).verdict == "match"
+    assert "swe_gym_truncated_before_step" in LAUNCHER and "OutputLengthExceededError" in LAUNCHER

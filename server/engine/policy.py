@@ -227,11 +227,19 @@ class OraclePolicy(Policy):
 
     def keystrokes_plan(self, task: Task, workdir: str | None, fmt: str) -> list[Reply]:
         """The gold patch as keystrokes for an agent without tools that types into a terminal (Terminus-2, reply
-        format ``fmt``): one command line (the patch base64-encoded: no heredoc, no tab for the shell's completion
-        to take), then "task complete" twice (it asks once to confirm)."""
+        format ``fmt``): the patch base64-encoded (no heredoc, no tab for the shell's completion to take) in one
+        command line, or, longer than `KEYSTROKE_CHUNK`, written to a file in pieces of that size, one reply each (a
+        reply cut at the rollout's max_tokens would be asked again); then "task complete" twice (it asks once to
+        confirm)."""
         b64 = base64.b64encode(task.patch.encode()).decode()
         cd = shlex.quote(workdir or task.workdir)
-        lines = [f"cd {cd} && printf %s {b64} | base64 -d | git apply && git status --short\n"]
+        apply = "git apply && git status --short\n"
+        if len(b64) <= KEYSTROKE_CHUNK:
+            lines = [f"cd {cd} && printf %s {b64} | base64 -d | {apply}"]
+        else:
+            pieces = [b64[i : i + KEYSTROKE_CHUNK] for i in range(0, len(b64), KEYSTROKE_CHUNK)]
+            lines = [f"printf %s {c} {'>>' if i else '>'} {PATCH_FILE}\n" for i, c in enumerate(pieces)]
+            lines.append(f"cd {cd} && base64 -d {PATCH_FILE} | {apply}")
         if self.probe:
             lines.insert(0, self.probe + "\n")
         return [*(_keystrokes(fmt, [line], False) for line in lines), _keystrokes(fmt, [], True)]
@@ -389,6 +397,8 @@ def _codex_patch(patch: str, workdir: str) -> str:
 
 # agents that answer in text a terminal is driven by (Terminus-2's templates), by the line its prompt says it in
 KEYSTROKE_FORMATS = {"json": "Format your response as JSON", "xml": "Format your response as XML"}
+KEYSTROKE_CHUNK = 800  # base64 characters a reply types at most: ~600 SmolLM2 tokens, within a 1,024-token reply
+PATCH_FILE = "/tmp/swe-gym-oracle-patch.b64"
 
 
 def _keystrokes(fmt: str, lines: list[str], complete: bool) -> Reply:

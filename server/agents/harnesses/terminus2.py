@@ -130,6 +130,20 @@ try:
         if r.return_code != 0:
             raise RuntimeError(f"the bundle's tmux does not run here: {(r.stderr or r.stdout or '').strip()[:500]}")
     t2.TmuxSession._attempt_tmux_installation = tmux_or_fail
+    # a reply cut at max_tokens never reaches its trajectory (harbor asks again, with its "ERROR!! NONE of the
+    # actions" prompt, and records only the answer): each one is noted here, before the step it precedes
+    from harbor.llms import lite_llm
+    truncated = []
+    _call = lite_llm.LiteLLM.call
+    async def noted_call(self, *args, **kwargs):
+        try:
+            return await _call(self, *args, **kwargs)
+        except lite_llm.OutputLengthExceededError:
+            truncated.append(len(agent._trajectory_steps))
+            with open(os.path.join(logs_dir, "swe-gym-truncated.json"), "w") as f:
+                json.dump({"swe_gym_truncated_before_step": truncated}, f)
+            raise
+    lite_llm.LiteLLM.call = noted_call
 
     class Here:
         \"\"\"What harbor's TmuxSession asks of an environment: run a command (here, in the sandbox).\"\"\"
@@ -274,8 +288,12 @@ class Terminus2Harness(DebianPythonAgent):
         errors: list[str] = []
         subs = {d.get("session_id"): d for d in docs if "-summarization-" in str(as_dict(d.get("agent")).get("name"))}
         main = next((d for d in docs if as_dict(d.get("agent")).get("name") == "terminus-2"), None)
-        for step in as_list(main.get("steps")) if main else []:
+        cut = sorted(i for d in docs for i in as_list(d.get("swe_gym_truncated_before_step")) if isinstance(i, int))
+        for i, step in enumerate(as_list(main.get("steps")) if main else []):
             step = as_dict(step)
+            while cut and cut[0] <= i and step.get("source") == "agent":  # a reply cut at max_tokens, asked again
+                out.add_step(None)
+                cut.pop(0)
             if step.get("source") == "system":  # a summarization: its subagents' calls, in order
                 for result in as_list(as_dict(step.get("observation")).get("results")):
                     for ref in as_list(as_dict(result).get("subagent_trajectory_ref")):
