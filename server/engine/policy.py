@@ -3,7 +3,8 @@
 - `oracle`: finds the task whose problem statement is in the prompt and applies its gold patch through the
   agent's own tools (edit if it has one, else bash + git apply), then says it is done (or runs the submission
   command the agent's prompt names: mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`). Aider, which
-  has no tools, gets the patch as the SEARCH/REPLACE blocks of its edit format, in the reply text.
+  has no tools, gets the patch as the SEARCH/REPLACE blocks of its edit format, in the reply text; Terminus-2,
+  which types into a terminal, gets it as keystrokes in its JSON / XML reply format (`keystrokes_plan`).
 - `oracle+compact`: the oracle for long sessions: it reads the output of a long shell command again and again until
   the agent compacts its context (answering the agent's own summary request with a summary that keeps the task),
   and only then applies the gold patch. With an engine whose context is small, the rollout must compact to pass.
