@@ -20,7 +20,7 @@ from test_five_harnesses import CFG, secret_only_in_the_env_file, traced_demo
 from test_harness_units import turn
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import AgentError, AgentStep, reconcile
+from swe_gym_env.server.agents.base import AgentError, AgentStep, Harness, reconcile
 from swe_gym_env.server.agents.harnesses.aider import LAUNCHER as AIDER_LAUNCHER
 from swe_gym_env.server.agents.harnesses.aider import llm_replies
 from swe_gym_env.server.agents.registry import get_harness
@@ -28,7 +28,7 @@ from swe_gym_env.server.engine.policy import OraclePolicy, edit_blocks
 from swe_gym_env.tasks.catalog import bundled_tasks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agents"
-HARNESSES = ["aider"]
+HARNESSES = ["aider", "hermes"]
 
 
 def installed(name: str):
@@ -71,12 +71,17 @@ def test_demo_on_landlock(harness, need_sandbox, need_tokenizer):
     assert result["cross_check"] == "match", result["cross_check_detail"]
 
 
+def configured(name: str) -> tuple[Harness, dict[str, tuple[bytes, int]], str]:
+    """The harness, its files and its command for `CFG`, the key checked to be only in the env file."""
+    h = get_harness(name)
+    files, cmd = h.config_files(CFG, "sgk-secret", "fix it"), h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    return h, files, cmd
+
+
 # -- Aider -------------------------------------------------------------------------------------------------------------
 def test_aider_configuration_keeps_the_key_in_the_env_file_and_itself_offline():
-    h = get_harness("aider")
-    files = h.config_files(CFG, "sgk-secret", "fix it")
-    cmd = h.command(CFG)
-    secret_only_in_the_env_file(files, cmd)
+    _, files, cmd = configured("aider")
     assert files["/home/agent/.capture.env"][0].startswith(b"OPENAI_API_KEY=")
     settings = json.loads(files["/home/agent/aider-model-settings.yml"][0])  # JSON is YAML
     assert settings == [
@@ -196,3 +201,49 @@ def test_edit_blocks_carry_each_hunk_and_new_files():
         in blocks
     )
     assert "new.py\n```\n<<<<<<< SEARCH\n=======\nX = 1\n>>>>>>> REPLACE" in blocks
+
+
+# -- Hermes Agent ------------------------------------------------------------------------------------------------------
+def test_hermes_configuration_keeps_the_key_in_the_env_file_and_itself_offline():
+    import yaml
+
+    h, files, cmd = configured("hermes")
+    conf = yaml.safe_load(files["/home/agent/.hermes-home/config.yaml"][0])
+    assert conf["model"] == {
+        "provider": "custom",
+        "base_url": "http://127.0.0.1:9/capture/v1",
+        "api_key": "${OPENAI_API_KEY}",  # Hermes expands it from its environment: the env file's
+        "default": "Qwen/Qwen3-8B",
+        "context_length": 32768,
+        "max_tokens": 512,
+        "ollama_num_ctx": 0,  # given: no probe of the endpoint for Ollama's
+    }
+    assert conf["security"] == {"tirith_enabled": False}  # else it downloads tirith from GitHub on its first run
+    update = json.loads(files["/home/agent/.hermes-home/.update_check"][0])  # a fresh cache: no update check
+    assert update["ver"] == h.version and update["ts"] > 4e9
+    assert files["/home/agent/prompt.txt"][0] == b"fix it"
+    run = next(line for line in cmd.splitlines() if "hermes-launch.py" in line)
+    assert "-t terminal,file,todo --ignore-rules" in run and "--yolo" in run and "--max-turns 100" in run
+    assert "TIRITH_ENABLED=false" in cmd and "HERMES_HOME=/home/agent/.hermes-home" in cmd and "HERMES_" in cmd
+    assert h.min_context_tokens == 65536  # its MINIMUM_CONTEXT_LENGTH
+
+
+def test_hermes_launcher_takes_out_its_price_lookup_and_reads_the_prompt_from_a_file():
+    from swe_gym_env.server.agents.harnesses.hermes import LAUNCHER
+
+    assert "usage_pricing.fetch_endpoint_model_metadata = lambda" in LAUNCHER
+    assert 'sys.argv[1:1] = ["chat", "-q", prompt]' in LAUNCHER
+
+
+def test_hermes_record_gives_a_step_per_call_with_its_completion_tokens():
+    text = (FIXTURES / "hermes-agent-log.txt").read_text()
+    out = get_harness("hermes").parse_events(text)
+    assert out.error_kind is None and [s.completion_tokens for s in out.steps] == [5]
+    assert reconcile(out, [turn(0, 5)], 0).verdict == "match"
+    other = reconcile(out, [turn(0, 6)], 0)
+    assert other.verdict == "mismatch" and "completion tokens" in other.detail
+
+
+def test_hermes_record_of_an_unreachable_endpoint():
+    out = get_harness("hermes").parse_events((FIXTURES / "hermes-agent-log-unreachable.txt").read_text())
+    assert out.model_calls == 0 and out.error_kind == "endpoint_unreachable", out.error
