@@ -15,11 +15,14 @@ Error tree: `SandboxError` (creating or using a sandbox failed; the message name
 from __future__ import annotations
 
 import asyncio
+import functools
 import shlex
+import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self, TypedDict, Unpack
 
 from swe_gym_env.server.sandbox.bundles import BundleBoot
 from swe_gym_env.server.sandbox.errors import SandboxError, SandboxUnavailable
@@ -113,6 +116,16 @@ class Process(Protocol):
     async def kill(self) -> None: ...
 
 
+class RunOptions(TypedDict, total=False):
+    """How `exec` / `start` run a command: `relay` starts the in-sandbox relay to /capture first; `env` and `cwd` are
+    its environment additions and directory (default `spec.workdir`); `ptys` the pty pairs it asks for."""
+
+    relay: bool
+    env: dict[str, str] | None
+    cwd: str | None
+    ptys: int
+
+
 class Sandbox(Protocol):
     capture_base_url: str | None  # where, inside the sandbox, /capture answers
     expires_at: float  # epoch seconds
@@ -123,26 +136,10 @@ class Sandbox(Protocol):
     def agent_workdir(self) -> str: ...  # where the agent finds the work tree (what its prompt names)
 
     async def exec(
-        self,
-        cmd: str | list[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        relay: bool = False,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        ptys: int = 0,
+        self, cmd: str | list[str], *, timeout: float, stdin: bytes | None = None, **opts: Unpack[RunOptions]
     ) -> ExecResult: ...
 
-    async def start(
-        self,
-        cmd: str | list[str],
-        *,
-        relay: bool = False,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        ptys: int = 0,
-    ) -> Process: ...
+    async def start(self, cmd: str | list[str], **opts: Unpack[RunOptions]) -> Process: ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 
@@ -223,6 +220,16 @@ class SandboxBase(BundleBoot):
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------------------------
+    async def _boot(self, *steps: Callable[[], Awaitable[object]]) -> Self:
+        """Run a new sandbox's boot steps in order and return it; a step that fails (or is cancelled) closes it."""
+        try:
+            for step in steps:
+                await step()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
     def remaining(self) -> float:
         return max(0.0, self.expires_at - time.time())
 
@@ -256,35 +263,25 @@ class SandboxBase(BundleBoot):
             return lambda script, stdin: self._spawn_ptys(script, stdin, ptys)
         return self._spawn
 
-    async def start(
-        self,
-        cmd: str | list[str],
-        *,
-        relay: bool = False,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        ptys: int = 0,
-    ) -> Process:
+    def _prepared(self, cmd: str | list[str], opts: RunOptions):
+        """(how to spawn, the script) for `cmd` run as `opts` say; the caller spawns it at once (no await between)."""
+        if unknown := opts.keys() - RunOptions.__annotations__.keys():
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        spawn = self._spawner(opts.get("ptys", 0))
+        return spawn, self.script(cmd, opts.get("relay", False), opts.get("env"), opts.get("cwd"))
+
+    async def start(self, cmd: str | list[str], **opts: Unpack[RunOptions]) -> Process:
         if self.remaining() <= 0:
             raise SandboxError("sandbox deadline passed")
-        spawn = self._spawner(ptys)
-        proc = await spawn(self.script(cmd, relay, env, cwd), None)
+        spawn, script = self._prepared(cmd, opts)
+        proc = await spawn(script, None)
         self._live.add(proc)
         return proc
 
     async def exec(
-        self,
-        cmd: str | list[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        relay: bool = False,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        ptys: int = 0,
+        self, cmd: str | list[str], *, timeout: float, stdin: bytes | None = None, **opts: Unpack[RunOptions]
     ) -> ExecResult:
-        spawn = self._spawner(ptys)
-        script = self.script(cmd, relay, env, cwd)
+        spawn, script = self._prepared(cmd, opts)
         timeout = min(timeout, self.remaining())
         if timeout <= 0:
             return ExecResult(124, "", "sandbox deadline passed", timed_out=True)
@@ -323,6 +320,9 @@ class SandboxBase(BundleBoot):
         await self.close()
 
 
+Proc = asyncio.subprocess.Process
+
+
 class PipeProcess:
     """A `Process` backed by a host subprocess whose stdout/stderr are pipes, read into bounded buffers."""
 
@@ -336,6 +336,22 @@ class PipeProcess:
             asyncio.ensure_future(self._read(proc.stderr, self._err)),
         ]
         self._feeder = asyncio.ensure_future(self._feed(stdin)) if proc.stdin is not None else None
+
+    @classmethod
+    async def spawn(
+        cls, argv: list[str], stdin: bytes | None, kill: Callable[[Proc], Awaitable[None]], **kwargs: Any
+    ) -> PipeProcess:
+        """Start ``argv`` on the host in a session of its own, stdout and stderr piped (stdin too where there is
+        input); ``kill(proc)`` kills its tree."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            **kwargs,
+        )
+        return cls(proc, stdin, functools.partial(kill, proc))
 
     async def _feed(self, data: bytes | None) -> None:
         assert self.proc.stdin is not None

@@ -257,6 +257,15 @@ class Bpf:
 
 def build_filter(arch: dict, notify_connect: bool) -> bytes:
     p = Bpf()
+    _dispatch(p, arch)
+    _check_arguments(p, notify_connect)
+    _verdicts(p)
+    return p.assemble()
+
+
+def _dispatch(p: Bpf, arch: dict) -> None:
+    """The ABI check, then the syscall number: refused at once, allowed, or on to the label that reads its
+    arguments."""
     p.ld(OFF_ARCH)
     p.jump(JEQ, arch["audit_arch"], None, "kill")  # another ABI (i386 via int 0x80) would bypass the numbers below
     p.ld(OFF_NR)
@@ -266,17 +275,19 @@ def build_filter(arch: dict, notify_connect: bool) -> bytes:
         p.jump(JEQ, nr, "enosys")
     for nr in arch["eperm"]:
         p.jump(JEQ, nr, "eperm")
-    p.jump(JEQ, arch["clone"], "clone")
-    p.jump(JEQ, arch["ioctl"], "ioctl")
-    p.jump(JEQ, arch["socket"], "socket")
-    p.jump(JEQ, arch["socketpair"], "socketpair")
-    p.jump(JEQ, arch["connect"], "connect")
+    for name in ("clone", "ioctl", "socket", "socketpair", "connect"):
+        p.jump(JEQ, arch[name], name)
     p.jump(JEQ, arch["bind"], "eacces")
     p.jump(JEQ, arch["listen"], "eacces")
     p.jump(JEQ, arch["sendto"], "flags3")
     p.jump(JEQ, arch["sendmmsg"], "flags3")
     p.jump(JEQ, arch["sendmsg"], "flags2")
     p.ret(RET_ALLOW)
+
+
+def _check_arguments(p: Bpf, notify_connect: bool) -> None:
+    """The labels that read a syscall's arguments: no new namespaces, no line discipline, TCP and unix sockets only,
+    connect() supervised (or refused), no TCP Fast Open."""
     p.label("clone")
     p.ld(off_arg(0))
     p.jump(JSET, CLONE_NEW, "eperm")
@@ -300,23 +311,21 @@ def build_filter(arch: dict, notify_connect: bool) -> bytes:
     p.jump(JEQ, AF_UNIX, "allow", "eacces")
     p.label("connect")
     p.ret(RET_USER_NOTIF if notify_connect else ret_errno(errno.EACCES))
-    p.label("flags3")
-    p.ld(off_arg(3))
-    p.jump(JSET, MSG_FASTOPEN, "eacces", "allow")
-    p.label("flags2")
-    p.ld(off_arg(2))
-    p.jump(JSET, MSG_FASTOPEN, "eacces", "allow")
+    for label, arg in (("flags3", 3), ("flags2", 2)):  # sendto / sendmmsg: flags in arg 3; sendmsg: in arg 2
+        p.label(label)
+        p.ld(off_arg(arg))
+        p.jump(JSET, MSG_FASTOPEN, "eacces", "allow")
+
+
+def _verdicts(p: Bpf) -> None:
+    """The labels every jump ends at."""
     p.label("allow")
     p.ret(RET_ALLOW)
-    p.label("eacces")
-    p.ret(ret_errno(errno.EACCES))
-    p.label("eperm")
-    p.ret(ret_errno(errno.EPERM))
-    p.label("enosys")
-    p.ret(ret_errno(errno.ENOSYS))
+    for label, err in (("eacces", errno.EACCES), ("eperm", errno.EPERM), ("enosys", errno.ENOSYS)):
+        p.label(label)
+        p.ret(ret_errno(err))
     p.label("kill")
     p.ret(RET_KILL_PROCESS)
-    return p.assemble()
 
 
 class SockFprog(ctypes.Structure):
@@ -609,13 +618,8 @@ def status_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 128 + os.WTERMSIG(status)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: confine.py CONFIG_JSON -- ARGV...", file=sys.stderr)
-        return 2
-    cfg, command = json.loads(argv[0]), argv[2:]
-    arch = SYSCALLS.get(os.uname().machine)
-    abi = landlock_abi()
+def _refusal(cfg: dict, arch: dict | None, abi: int) -> int | None:
+    """Print the probe's report where asked; 126 (said on stderr) when this machine cannot confine the command."""
     if cfg.get("probe"):
         report = {"abi": abi, "level": level(abi), "missing": missing(abi), "arch": os.uname().machine}
         print(json.dumps(report), flush=True)
@@ -628,7 +632,12 @@ def main(argv: list[str]) -> int:
     if abi < FULL_ABI and not cfg.get("partial"):
         print(f"confine: Landlock ABI {abi} lacks {'; '.join(missing(abi))}", file=sys.stderr)
         return 126
+    return None
 
+
+def _catch_signals() -> tuple[int, dict]:
+    """SIGTERM / SIGINT / SIGHUP recorded in the returned dict's "why"; every signal (SIGCHLD too) makes the returned
+    fd readable."""
     stop = {"why": None}
 
     def on_signal(signum, _frame) -> None:
@@ -640,54 +649,55 @@ def main(argv: list[str]) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD writes to the wakeup fd
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if cfg.get("parent") and os.getppid() != int(cfg["parent"]):  # the server died before PDEATHSIG was set
-        return 143
+    return wake_r, stop
 
-    if cfg.get("probe"):  # listeners for the child's self-test: one it may reach, one it may not
-        listening = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
-        ports = [sock.getsockname()[1] for sock in listening]
-        cfg["probe"] = {"port": ports[0], "decoy": ports[1], "deny": os.path.dirname(os.path.abspath(cfg["rw"][0]))}
-        cfg["ports"] = [ports[0]]
+
+def _probe_listeners(cfg: dict) -> list[socket.socket]:
+    """Listeners for the child's self-test, named in ``cfg``: one it may reach, one it may not."""
+    listening = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    ports = [sock.getsockname()[1] for sock in listening]
+    cfg["probe"] = {"port": ports[0], "decoy": ports[1], "deny": os.path.dirname(os.path.abspath(cfg["rw"][0]))}
+    cfg["ports"] = [ports[0]]
+    return listening
+
+
+def _fork_child(cfg: dict, abi: int, arch: dict, command: list[str]) -> tuple[int, Supervisor | None]:
+    """Fork the confined child: its pid, and the supervisor of its connect() calls where it may reach ports."""
     ours, theirs = socket.socketpair() if cfg.get("ports") else (None, None)
     pid = os.fork()
     if pid == 0:
         if ours is not None:
             ours.close()
         child(cfg, abi, arch, command, theirs)
-    supervisor = None
-    if ours is not None and theirs is not None:
-        theirs.close()
-        ours.settimeout(30)
-        try:
-            _, fds, _, _ = socket.recv_fds(ours, 1, 1)
-        except OSError:
-            fds = []
-        ours.close()
-        if fds:
-            supervisor = Supervisor(fds[0], cfg["ports"])
+    if ours is None or theirs is None:
+        return pid, None
+    theirs.close()
+    ours.settimeout(30)
+    try:
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    except OSError:
+        fds = []
+    ours.close()
+    return pid, Supervisor(fds[0], cfg["ports"]) if fds else None
 
+
+def _wait_child(pid: int, wake_r: int, stop: dict, supervisor: Supervisor | None, deadline: float) -> int:
+    """Serve the supervisor until the child exits (its exit code), a signal stops this launcher (128 + it) or the
+    deadline passes (137)."""
     poller = select.poll()
     poller.register(wake_r, select.POLLIN)
     if supervisor is not None:
         poller.register(supervisor.listener, select.POLLIN)
-    deadline = float(cfg.get("deadline") or time.time() + 86400 * 365)
-    code = None
     while True:
         for pid_done, status in reap()[0]:
             if pid_done == pid:
-                code = status_code(status)
-        if code is not None:
-            break
+                return status_code(status)
         if stop["why"] is not None:
-            code = 128 + stop["why"]
-            break
+            return 128 + stop["why"]
         left = deadline - time.time()
         if left <= 0:
             print("confine: the sandbox's deadline passed: killed", file=sys.stderr, flush=True)
-            code = 137
-            break
+            return 137
         for fd, events in poller.poll(min(left, 1.0) * 1000):
             if fd == wake_r:
                 os.read(wake_r, 4096)
@@ -696,7 +706,30 @@ def main(argv: list[str]) -> int:
                     supervisor.handle()
                 elif events & (select.POLLHUP | select.POLLERR):
                     poller.unregister(fd)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: confine.py CONFIG_JSON -- ARGV...", file=sys.stderr)
+        return 2
+    cfg, command = json.loads(argv[0]), argv[2:]
+    arch = SYSCALLS.get(os.uname().machine)
+    abi = landlock_abi()
+    if (refused := _refusal(cfg, arch, abi)) is not None:
+        return refused
+    assert arch is not None  # _refusal said so otherwise
+    wake_r, stop = _catch_signals()
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cfg.get("parent") and os.getppid() != int(cfg["parent"]):  # the server died before PDEATHSIG was set
+        return 143
+    listening = _probe_listeners(cfg) if cfg.get("probe") else []
+    pid, supervisor = _fork_child(cfg, abi, arch, command)
+    deadline = float(cfg.get("deadline") or time.time() + 86400 * 365)
+    code = _wait_child(pid, wake_r, stop, supervisor, deadline)
     kill_all()
+    for sock in listening:  # open until the child is gone
+        sock.close()
     return code
 
 

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ from swe_gym_env.server.sandbox.base import (
     SandboxUnavailable,
     strip_history_script,
 )
-from swe_gym_env.server.sandbox.local import RELAY_SCRIPT, RUNTIME_MOUNT, SOCKET_DIR
+from swe_gym_env.server.sandbox.local import RELAY_SCRIPT, RUNTIME_MOUNT, SOCKET_DIR, host_binary, relay_prefix
 
 BUNDLE_MOUNT = "/opt/swe-gym/repo"
 HOME = "/home/agent"
@@ -63,12 +62,9 @@ def default_image() -> str:
 
 
 def docker_bin() -> str:
-    path = shutil.which("docker")
-    if path is None:
-        raise SandboxUnavailable(
-            "the docker CLI is missing: apt-get install docker.io (or run scripts/setup_docker.sh)"
-        )
-    return path
+    return host_binary(
+        "docker", "the docker CLI is missing: apt-get install docker.io (or run scripts/setup_docker.sh)"
+    )
 
 
 async def docker(*args: str, stdin: bytes | None = None, timeout: float = 120) -> tuple[int, bytes, bytes]:
@@ -160,13 +156,7 @@ class DockerSandbox(SandboxBase):
         self._started = False
         if spec.capture_socket is not None:
             self.capture_base_url = f"http://127.0.0.1:{RELAY_PORT}/capture"
-            self.relay_prefix = (
-                FIND_PYTHON + f'"$PY" /opt/swe-gym/relay.py {RELAY_PORT} {SOCKET_DIR}/capture.sock '
-                "/tmp/.swe-gym/relay-ready-$$ &\n"
-                "i=0; while [ ! -f /tmp/.swe-gym/relay-ready-$$ ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
-                "[ -f /tmp/.swe-gym/relay-ready-$$ ] || { echo 'capture relay did not start' >&2; exit 97; }\n"
-                "rm -f /tmp/.swe-gym/relay-ready-$$"
-            )
+            self.relay_prefix = FIND_PYTHON + relay_prefix('"$PY"')  # the image's Python, wherever it is
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> DockerSandbox:
@@ -181,14 +171,7 @@ class DockerSandbox(SandboxBase):
             )
         sbx = cls(spec, f"swe-gym-{uuid.uuid4().hex[:16]}", image)
         sbx.image_path = _image_path(out)
-        try:
-            await sbx._start()
-            await sbx._prepare()
-            await sbx.check_bundles()
-        except BaseException:
-            await sbx.close()
-            raise
-        return sbx
+        return await sbx._boot(sbx._start, sbx._prepare, sbx.check_bundles)
 
     def _run_argv(self, env_file: str) -> list[str]:
         spec, lim = self.spec, self.spec.limits
@@ -274,16 +257,8 @@ class DockerSandbox(SandboxBase):
         inner = f'echo $$ > {pidfile}; exec timeout -s KILL {left} /bin/sh -c "$1"'
         argv = ["exec", *(["-i"] if stdin is not None else []), self.name]
         argv += ["setsid", "-w", "/bin/sh", "-c", inner, "sh", script]
-        proc = await asyncio.create_subprocess_exec(
-            docker_bin(),
-            *argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
 
-        async def kill() -> None:
+        async def kill(proc: asyncio.subprocess.Process) -> None:
             try:
                 script = f"[ -f {pidfile} ] && kill -9 -$(cat {pidfile})"
                 await docker("exec", self.name, "/bin/sh", "-c", script, timeout=30)
@@ -292,7 +267,7 @@ class DockerSandbox(SandboxBase):
             if proc.returncode is None:
                 proc.kill()
 
-        return PipeProcess(proc, stdin, kill)
+        return await PipeProcess.spawn([docker_bin(), *argv], stdin, kill)
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         if self._closed:

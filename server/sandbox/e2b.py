@@ -20,17 +20,8 @@ import os
 from pathlib import Path
 
 from swe_gym_env.core.settings import setting
-from swe_gym_env.core.tempdirs import owner_dead, server_id
-from swe_gym_env.server.sandbox.base import (
-    LABEL_PREFIX,
-    SECRETS_FILE,
-    SandboxBase,
-    SandboxError,
-    SandboxSpec,
-    SandboxUnavailable,
-    strip_history_script,
-)
-from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
+from swe_gym_env.server.sandbox import remote
+from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 
 
 def _sdk():
@@ -63,28 +54,20 @@ def reap_orphans() -> list[str]:
     e2b = _sdk()
     from e2b.sandbox.sandbox_api import SandboxQuery
 
-    killed = []
-    pages = e2b.Sandbox.list(query=SandboxQuery(metadata={f"{LABEL_PREFIX}-server": server_id()}))
-    while pages.has_next:
-        for info in pages.next_items():
-            labels = {k.removeprefix(f"{LABEL_PREFIX}-"): v for k, v in (info.metadata or {}).items()}
-            if owner_dead(labels):
-                e2b.Sandbox.kill(info.sandbox_id)
-                killed.append(f"e2b:{info.sandbox_id}")
-    return killed
+    pages = e2b.Sandbox.list(query=SandboxQuery(metadata=remote.our_labels()))
+
+    def listed():
+        while pages.has_next:
+            yield from ((info.sandbox_id, info.metadata) for info in pages.next_items())
+
+    return remote.kill_orphans(listed(), e2b.Sandbox.kill, "e2b")
 
 
-class E2BSandbox(SandboxBase):
+class E2BSandbox(remote.RemoteSandbox):
+    """Mapped to an E2B template, which holds the repo; the agent bundle is uploaded."""
+
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
-    uses_image = needs_image = True  # mapped to an E2B template, which holds the repo; the agent bundle is uploaded
-    capture_via_url = True
-
-    def __init__(self, spec: SandboxSpec, sbx) -> None:
-        super().__init__(spec)
-        self.sbx = sbx
-        url = spec.capture_url or setting("public_url")
-        self.capture_base_url = f"{url.rstrip('/')}/capture" if url else None
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> E2BSandbox:
@@ -96,27 +79,14 @@ class E2BSandbox(SandboxBase):
         try:
             sbx = await e2b.AsyncSandbox.create(
                 template=template_for(spec.image),
-                timeout=own_timeout_s(spec.deadline_s),
-                metadata={f"{LABEL_PREFIX}-{k}": v for k, v in spec.labels.items()},
+                timeout=remote.own_timeout_s(spec.deadline_s),
+                metadata=remote.provider_labels(spec.labels),
                 envs=dict(spec.env),
             )
         except Exception as e:
             raise SandboxError(f"creating the E2B sandbox failed: {type(e).__name__}: {e}") from e
         self = cls(spec, sbx)
-        try:
-            if spec.secrets:  # first: every command sources it (the file API makes its directory)
-                await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
-            steps = [f"mkdir -p {STATE_DIR} /home/agent"]
-            if spec.base_commit and spec.strip_history:
-                steps.append(strip_history_script(spec.workdir, spec.base_commit))
-            res = await self.exec("set -e\n" + "\n".join(steps), timeout=600, cwd="/")
-            if not res.ok:
-                raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
-            await self.deliver_bundles()
-        except BaseException:
-            await self.close()
-            raise
-        return self
+        return await self._boot(self._prepare)
 
     def host(self, port: int) -> str:
         """Where a port inside the sandbox answers from outside."""
@@ -128,10 +98,8 @@ class E2BSandbox(SandboxBase):
         except Exception:  # a non-zero exit raises in the SDK; a kill that finds nothing is fine
             pass
 
-    async def _spawn(self, script: str, stdin: bytes | None) -> RemoteProcess:
-        pid_id, cmd = detached(script, self.remaining(), stdin is not None)
-        if stdin is not None:
-            await self.write_file(f"{STATE_DIR}/{pid_id}.in", stdin, 0o600)
+    async def _spawn(self, script: str, stdin: bytes | None) -> remote.RemoteProcess:
+        pid_id, cmd = await self._detach(script, stdin)
         handle = await self.sbx.commands.run(cmd, background=True, timeout=0)
 
         async def finished() -> bool:
@@ -143,7 +111,7 @@ class E2BSandbox(SandboxBase):
             except Exception:
                 pass
 
-        return RemoteProcess(pid_id, finished, self.read_file, self._run_short, cancel)
+        return remote.RemoteProcess(pid_id, finished, self.read_file, self._run_short, cancel)
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         if self._closed:

@@ -28,18 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from swe_gym_env.core.settings import setting
-from swe_gym_env.core.tempdirs import owner_dead, server_id
-from swe_gym_env.server.sandbox.base import (
-    LABEL_PREFIX,
-    SECRETS_FILE,
-    SandboxBase,
-    SandboxError,
-    SandboxSpec,
-    SandboxUnavailable,
-    strip_history_script,
-)
+from swe_gym_env.server.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 from swe_gym_env.server.sandbox.errors import SandboxGone
-from swe_gym_env.server.sandbox.remote import STATE_DIR, RemoteProcess, detached, own_timeout_s
+from swe_gym_env.server.sandbox.remote import (
+    RemoteProcess,
+    RemoteSandbox,
+    kill_orphans,
+    our_labels,
+    own_timeout_s,
+    provider_labels,
+)
 
 SHORT_TIMEOUT = 60
 CALL_TIMEOUT = 90.0  # over the SDK's own 60 s request timeout: past it the job is looked up and named
@@ -59,10 +57,6 @@ def _sdk():
             "huggingface_hub with Sandbox (>= 1.22) is needed: pip install -U huggingface_hub"
         ) from e
     return Sandbox
-
-
-def _labels(spec_labels: dict[str, str]) -> dict[str, str]:
-    return {f"{LABEL_PREFIX}-{k}": v for k, v in spec_labels.items()}
 
 
 def public_url() -> str | None:
@@ -119,29 +113,18 @@ def reap_orphans() -> list[str]:
         return []
     if not get_token():
         return []
-    killed = []
-    jobs = HfApi().list_jobs(status="RUNNING", labels={f"{LABEL_PREFIX}-server": server_id()})
-    for job in jobs:
-        labels = {k.removeprefix(f"{LABEL_PREFIX}-"): v for k, v in (job.labels or {}).items()}
-        if owner_dead(labels):
-            Sandbox.kill(job.id)
-            killed.append(f"hf:{job.id}")
-    return killed
+    jobs = HfApi().list_jobs(status="RUNNING", labels=our_labels())
+    return kill_orphans(((job.id, job.labels) for job in jobs), Sandbox.kill, "hf")
 
 
-class HFSandbox(SandboxBase):
+class HFSandbox(RemoteSandbox):
     reap_orphans = staticmethod(reap_orphans)
     preflight = staticmethod(preflight)
-    uses_image = needs_image = True  # the repo comes in it; the agent bundle is uploaded at boot
-    capture_via_url = True
 
     def __init__(self, spec: SandboxSpec, sbx, job_id: str) -> None:
-        super().__init__(spec)
-        self.sbx = sbx
+        super().__init__(spec, sbx)
         self.job_id = job_id  # the HF Job behind it (a pool sandbox: its host's)
         self._gone: str | None = None  # set once the job is found not running: every later call fails with it
-        url = spec.capture_url or public_url()
-        self.capture_base_url = f"{url.rstrip('/')}/capture" if url else None
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> HFSandbox:
@@ -154,7 +137,7 @@ class HFSandbox(SandboxBase):
                 spec.image,
                 idle_timeout=own_timeout_s(spec.deadline_s),
                 env=dict(spec.env),
-                labels=_labels(spec.labels),
+                labels=provider_labels(spec.labels),
                 limit=300.0,
             )
         except TimeoutError as e:
@@ -162,12 +145,7 @@ class HFSandbox(SandboxBase):
         except Exception as e:
             raise SandboxError(f"creating the HF sandbox failed: {type(e).__name__}: {e}") from e
         self = cls(spec, sbx, sbx.id)
-        try:
-            await self._prepare()
-        except BaseException:
-            await self.close()
-            raise
-        return self
+        return await self._boot(self._prepare)
 
     # -- every SDK call goes through here ------------------------------------------------------------------
     async def _call(self, what: str, fn, *args, limit: float = CALL_TIMEOUT, **kwargs) -> Any:
@@ -239,24 +217,14 @@ class HFSandbox(SandboxBase):
         except SandboxError:  # a kill that finds nothing is fine; a dead job shows on the next call
             pass
 
-    async def _prepare(self, first: list[str] | None = None) -> None:
-        steps = [*(first or []), f"mkdir -p {STATE_DIR} /home/agent"]
+    async def _prepare(self) -> None:
         if self.spec.repo_source:
             raise SandboxError("the hf backends take the repository from the image (no local repository source)")
-        if self.spec.base_commit and self.spec.strip_history:
-            steps.append(strip_history_script(self.spec.workdir, self.spec.base_commit))
-        if self.spec.secrets:  # first: every command sources it (the file API makes its directory)
-            await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
-        res = await self.exec("set -e\n" + "\n".join(steps), timeout=600, cwd="/")
-        if not res.ok:
-            raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
-        await self.deliver_bundles()
+        await super()._prepare()
 
     # -- commands, files -------------------------------------------------------------------------------------
     async def _spawn(self, script: str, stdin: bytes | None) -> RemoteProcess:
-        pid_id, cmd = detached(script, self.remaining(), stdin is not None)
-        if stdin is not None:
-            await self.write_file(f"{STATE_DIR}/{pid_id}.in", stdin, 0o600)
+        pid_id, cmd = await self._detach(script, stdin)
         handle = await self._call("starting a command", self.sbx.run, self._command(cmd), background=True)
 
         async def finished() -> bool:

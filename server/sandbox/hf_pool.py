@@ -261,13 +261,7 @@ class HFPoolSandbox(HFSandbox):
         except Exception as e:
             raise SandboxError(f"creating the HF pool sandbox failed: {type(e).__name__}: {e}") from e
         self = cls(spec, sbx, sbx.host_id or sbx.id)
-        try:
-            await self._settle()
-            await self._prepare()
-        except BaseException:
-            await self.close()
-            raise
-        return self
+        return await self._boot(self._settle, self._prepare)
 
     async def close(self) -> None:
         """Counted while it runs: a create that finds the pool full waits for it rather than booting a host (the

@@ -71,13 +71,8 @@ from swe_gym_env.core.settings import setting
 from swe_gym_env.core.tempdirs import owned_dir
 from swe_gym_env.core.tempdirs import reap_orphans as reap_dirs
 from swe_gym_env.server.sandbox import cgroups, confine
-from swe_gym_env.server.sandbox.base import (
-    PipeProcess,
-    SandboxError,
-    SandboxSpec,
-    SandboxUnavailable,
-)
-from swe_gym_env.server.sandbox.local import ETC_FILES, JOIN_CGROUPS, RUNTIME_MOUNT, LocalSandbox
+from swe_gym_env.server.sandbox.base import PipeProcess, SandboxError, SandboxSpec, SandboxUnavailable
+from swe_gym_env.server.sandbox.local import ETC_FILES, RUNTIME_MOUNT, LocalSandbox
 
 CONFINE = package_file("swe_gym_env.server.sandbox", "confine.py")
 DIR_PREFIX = "swe-gym-ll-"
@@ -274,8 +269,7 @@ class LandlockSandbox(LocalSandbox):
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
-        await sbx._lay_out()  # local's layout, closed again if a step fails
-        return sbx
+        return await sbx._boot(sbx._lay_out)  # local's layout, closed again if a step fails
 
     # -- commands ----------------------------------------------------------------------------------------------
     def script(self, cmd: str | list[str], relay: bool, env: dict[str, str] | None, cwd: str | None) -> str:
@@ -312,20 +306,9 @@ class LandlockSandbox(LocalSandbox):
 
     async def _spawn_ptys(self, script: str, stdin: bytes | None, ptys: int) -> PipeProcess:
         relay, self._relay_next = self._relay_next, False
-        argv = _confine_argv(self._config(relay, ptys), ["/bin/sh", "-c", script])
-        if self.cgroup is not None:
-            argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self.cgroup.procs_files, "--", *argv]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=self._env(),
-            cwd=self.workdir,
-        )
+        argv = self._in_cgroup(_confine_argv(self._config(relay, ptys), ["/bin/sh", "-c", script]))
 
-        async def kill() -> None:
+        async def kill(proc: asyncio.subprocess.Process) -> None:
             """The launcher kills every descendant on SIGTERM; if it is stuck, its process group goes."""
             try:
                 os.kill(proc.pid, signal.SIGTERM)
@@ -338,7 +321,7 @@ class LandlockSandbox(LocalSandbox):
                 except ProcessLookupError:
                     pass
 
-        return PipeProcess(proc, stdin, kill)
+        return await PipeProcess.spawn(argv, stdin, kill, env=self._env(), cwd=self.workdir)
 
     # -- files -------------------------------------------------------------------------------------------------
     def _host_path(self, path: str) -> Path:

@@ -35,11 +35,10 @@ from swe_gym_env.server.sandbox.base import (
     SECRETS_FILE,
     PipeProcess,
     SandboxBase,
-    SandboxError,
     SandboxSpec,
-    SandboxUnavailable,
     strip_history_script,
 )
+from swe_gym_env.server.sandbox.errors import SandboxError, SandboxUnavailable
 
 RELAY_SCRIPT = package_file("swe_gym_env.server.sandbox", "relay.py")  # bind-mounted read-only into sandboxes
 SOCKET_DIR = "/run/swe-gym"

@@ -11,10 +11,20 @@ import math
 import shlex
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from swe_gym_env.core.settings import setting
-from swe_gym_env.server.sandbox.base import ExecResult, clip
+from swe_gym_env.core.tempdirs import owner_dead, server_id
+from swe_gym_env.server.sandbox.base import (
+    LABEL_PREFIX,
+    SECRETS_FILE,
+    ExecResult,
+    SandboxBase,
+    SandboxError,
+    SandboxSpec,
+    clip,
+    strip_history_script,
+)
 from swe_gym_env.server.sandbox.errors import SandboxGone
 
 STATE_DIR = "/tmp/.swe-gym"
@@ -44,6 +54,28 @@ def detached(script: str, left: float, with_stdin: bool) -> tuple[str, str]:
         f"< {stdin} > {p}.out 2> {p}.err; echo $? > {p}.rc.tmp && mv {p}.rc.tmp {p}.rc"
     )
     return pid_id, cmd
+
+
+def provider_labels(labels: dict[str, str]) -> dict[str, str]:
+    """A spec's labels as the provider keeps them (prefixed)."""
+    return {f"{LABEL_PREFIX}-{k}": v for k, v in labels.items()}
+
+
+def our_labels() -> dict[str, str]:
+    """The provider labels that pick this server's sandboxes."""
+    return provider_labels({"server": server_id()})
+
+
+def kill_orphans(
+    found: Iterable[tuple[str, dict[str, str] | None]], kill: Callable[[str], object], name: str
+) -> list[str]:
+    """Kill each sandbox of ``found`` ((its id, its provider labels)) whose owner process is gone; "name:id" each."""
+    killed = []
+    for sid, kept in found:
+        if owner_dead({k.removeprefix(f"{LABEL_PREFIX}-"): v for k, v in (kept or {}).items()}):
+            kill(sid)
+            killed.append(f"{name}:{sid}")
+    return killed
 
 
 def kill_script(pid_id: str) -> str:
@@ -107,3 +139,37 @@ class RemoteProcess:
             await self._cancel()
             if self.returncode is None:
                 self.returncode = 137
+
+
+class RemoteSandbox(SandboxBase):
+    """What the cloud backends' sandboxes share: the provider's handle (`sbx`), /capture at the server's public URL,
+    the boot that prepares the sandbox, and detached commands."""
+
+    uses_image = needs_image = True  # the repo comes in it; the agent bundle is uploaded at boot
+    capture_via_url = True
+
+    def __init__(self, spec: SandboxSpec, sbx) -> None:
+        super().__init__(spec)
+        self.sbx = sbx
+        url = spec.capture_url or setting("public_url")  # SWE_GYM_PUBLIC_URL
+        self.capture_base_url = f"{url.rstrip('/')}/capture" if url else None
+
+    async def _prepare(self) -> None:
+        """The secrets file, the state dir and the agent's HOME, the history stripped, the agent bundles delivered."""
+        spec = self.spec
+        if spec.secrets:  # first: every command sources it (the file API makes its directory)
+            await self.write_file(SECRETS_FILE, self.secrets_file(), 0o600)
+        steps = [f"mkdir -p {STATE_DIR} /home/agent"]
+        if spec.base_commit and spec.strip_history:
+            steps.append(strip_history_script(spec.workdir, spec.base_commit))
+        res = await self.exec("set -e\n" + "\n".join(steps), timeout=600, cwd="/")
+        if not res.ok:
+            raise SandboxError(f"preparing the sandbox failed: {(res.stderr or res.stdout)[-500:]}")
+        await self.deliver_bundles()
+
+    async def _detach(self, script: str, stdin: bytes | None) -> tuple[str, str]:
+        """(process id, the command that runs ``script`` detached); its stdin, if any, written where it reads it."""
+        pid_id, cmd = detached(script, self.remaining(), stdin is not None)
+        if stdin is not None:
+            await self.write_file(f"{STATE_DIR}/{pid_id}.in", stdin, 0o600)
+        return pid_id, cmd
