@@ -135,6 +135,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from swe_gym_env.server import security, serving
     from swe_gym_env.server.app import create_app
+    from swe_gym_env.server.capture import EngineTarget
     from swe_gym_env.server.engine.builtin import builtin_unless_configured
     from swe_gym_env.server.engine.vllm_launcher import vllm_engine
     from swe_gym_env.server.rollout import ServerConfig
@@ -149,9 +150,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log(line)
     flags = default_engine(args.engine_url, args.engine_model) if args.engine_url else None
     # --vllm-model: vLLM with the capture flags becomes the default engine; no engine at all: the built-in one
-    with vllm_engine(args) as vllm, builtin_unless_configured(DEFAULT_MODEL, log, vllm or flags) as started:
-        config = ServerConfig.from_env(engine=started or default_engine(args.engine_url, args.engine_model))
-        serving.run(create_app(config), host=args.host, port=args.port)  # connection limits
+    with vllm_engine(args) as vllm:
+        given = EngineTarget(*vllm) if vllm else flags  # vLLM's (no key), else the flags' (with the settings' key)
+        with builtin_unless_configured(DEFAULT_MODEL, log, given) as started:
+            config = ServerConfig.from_env(engine=started or default_engine(args.engine_url, args.engine_model))
+            serving.run(create_app(config), host=args.host, port=args.port)  # connection limits
     return 0
 
 
@@ -431,10 +434,15 @@ def _demo(sub) -> None:
     d.set_defaults(func=cmd_demo)
 
 
+def _listen(parser: argparse.ArgumentParser, port: int) -> None:
+    """Where a server listens: --host (loopback by default) and --port."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=port)
+
+
 def _serve(sub) -> None:
     v = sub.add_parser("serve", help="the server: MCP at /mcp, the capture proxy, the UI at /web, /health")
-    v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--port", type=int, default=8000)
+    _listen(v, port=8000)
     v.add_argument(
         "--engine-url",
         help="OpenAI-compatible base URL (…/v1); default $SWE_GYM_ENGINE_URL; with neither (nor --vllm-model) the "
@@ -592,8 +600,7 @@ def _setup(sub) -> None:
 
 def _engine(sub) -> None:
     e = sub.add_parser("engine", help="the built-in vLLM-compatible engine alone (NOT a model: scripted replies)")
-    e.add_argument("--host", default="127.0.0.1")
-    e.add_argument("--port", type=int, default=8001)
+    _listen(e, port=8001)
     e.add_argument("--policy", default="oracle", help="oracle | noop | script:FILE")
     e.add_argument("--served-model-name", default=DEFAULT_MODEL)
     e.add_argument(

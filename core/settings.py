@@ -4,7 +4,8 @@
   (`SecretStr`: never printed). Read from the environment, then a ``.env`` file in the current directory.
 - `startup()`: what the CLI calls before it does anything: a bad value is a `SettingsError` whose message names the
   variable, the value and what is expected (one line each); an unknown ``SWE_GYM_*`` variable is a warning naming the
-  closest known name; values that came from ``.env`` are exported so code that still reads ``os.environ`` sees them.
+  closest known name; the values that came from ``.env`` are kept here (never written to ``os.environ``): `setting`,
+  `current` and `environ()` read them under the environment's own.
 - `current()`: the validated model for the environment as it is now (cached while no ``SWE_GYM_*`` variable changes);
   `setting(field)`: one setting, checked alone (what server modules read, so one bad value fails only its reader).
 - Families: ``SWE_GYM_MAX_ROLLOUTS_<BACKEND>`` (one per sandbox backend, `FAMILIES`).
@@ -159,7 +160,7 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = _s("security", "needed for admin routes (capture sessions); also grants access")
     open_access: Flag = _s("security", "an exposed server with no secret is open on purpose (else locked)", False)
     public_reads: Flag = _s("security", "rollouts readable without the access token", False)
-    bind_host: str | None = _s("security", "the address the server listens on (`serve` sets it from --host)")
+    bind_host: str | None = _s("security", "the address the server listens on, where `serve --host` does not say it")
     engine_url_allowlist: str = _s("security", "URL prefixes a caller may name as engine_url (comma-separated; *)", "")
     allow_engine_urls: Flag = _s(
         "security", "1: any engine_url a caller names is allowed (legacy; use the list)", False
@@ -234,7 +235,6 @@ INTERNAL: dict[str, str] = {
     "SWE_GYM_PTYS": "pre-opened pty pairs the landlock launcher hands to OpenHands",
     "SWE_GYM_NET_LOG": "the file a Python agent's network log goes to, in its sandbox",
     "SWE_GYM_TASK_ENV": "a task's venv, in the activation script of `local` task environments",
-    "SWE_GYM_BUILTIN_ENGINE": "set while the built-in engine is the default engine (its policy name)",
 }
 # heredoc delimiters in generated shell scripts: not variables at all
 MARKERS = ("SWE_GYM_PATCH_EOF", "SWE_GYM_CONDA_SH", "SWE_GYM_ACTIVATE", "SWE_GYM_CONDA")
@@ -369,16 +369,31 @@ def sources(env: Mapping[str, str] | None = None, env_file: str | Path | None = 
     return out
 
 
+_from_file: dict[str, str] = {}  # the known ``.env`` values `startup` read; the environment wins over them
+
+
+def environ() -> dict[str, str]:
+    """os.environ as it is now, with the ``.env`` values `startup` read where the environment leaves a name unset or
+    empty: what the settings are read from, and the environment for a child process that reads them itself."""
+    return {**os.environ, **{k: v for k, v in _from_file.items() if not (os.environ.get(k) or "").strip()}}
+
+
+def _raw(name: str) -> str:
+    raw = os.environ.get(name, "")
+    return raw if raw.strip() else _from_file.get(name, raw)
+
+
 _current: tuple[tuple[tuple[str, str], ...], Settings] | None = None
 
 
 def current() -> Settings:
-    """The validated settings for os.environ as it is now; rebuilt only when a ``SWE_GYM_*`` variable changed (so a
-    test that sets one before building a server gets it). A bad value raises `SettingsError`."""
+    """The validated settings for the environment as it is now (`environ`); rebuilt only when a ``SWE_GYM_*``
+    variable changed (so a test that sets one before building a server gets it). A bad value raises `SettingsError`."""
     global _current
-    key = tuple(sorted(_swe_env(os.environ).items()))
+    env = environ()
+    key = tuple(sorted(_swe_env(env).items()))
     if _current is None or _current[0] != key:
-        _current = (key, build())
+        _current = (key, build(env))
     return _current[1]
 
 
@@ -386,11 +401,12 @@ _one: dict[tuple[str, str], Any] = {}
 
 
 def setting(field: str) -> Any:
-    """One setting (by field name) from os.environ as it is now, checked alone: a module reads what it needs without
-    another variable's bad value failing it (`startup` checked them all already). A bad value raises `SettingsError`
-    naming the variable; an unset or empty one is the default."""
+    """One setting (by field name) from the environment as it is now (`environ`), checked alone: a module reads what
+    it needs without another variable's bad value failing it (`startup` checked them all already). A bad value raises
+    `SettingsError` naming the variable; an unset or empty one is the default."""
     info = Settings.model_fields[field]
-    raw = os.environ.get(env_name(field), "")
+    name = env_name(field)
+    raw = _raw(name)
     if not raw.strip():
         return info.default
     key = (field, raw)
@@ -398,7 +414,7 @@ def setting(field: str) -> Any:
         try:
             _one[key] = getattr(_Isolated.model_validate({field: raw}), field)
         except ValidationError as e:
-            raise SettingsError("\n".join(_problems(e, os.environ, secret_names()))) from None
+            raise SettingsError("\n".join(_problems(e, {name: raw}, secret_names()))) from None
     return _one[key]
 
 
@@ -407,7 +423,7 @@ def max_rollouts(backend: str) -> int:
     each checked alone, as `setting` does (a bad value raises `SettingsError` naming the variable)."""
     default: int = setting("max_rollouts")
     name = family_name(backend)
-    values, bad = _family_values({name: os.environ.get(name, "")} if name in FAMILIES else {})
+    values, bad = _family_values({name: _raw(name)} if name in FAMILIES else {})
     if bad:
         raise SettingsError(bad[0])
     return values.get(name, default)
@@ -415,15 +431,14 @@ def max_rollouts(backend: str) -> int:
 
 def startup(env_file: str | Path | None = ENV_FILE, warn: Any = None) -> Settings:
     """Read and check the settings once, before anything starts: `SettingsError` for a bad value; a warning (through
-    ``warn``, default stderr) for each unknown ``SWE_GYM_*`` variable. Values from ``.env`` are exported to
-    os.environ (the environment still wins), so code that reads os.environ sees the same settings."""
+    ``warn``, default stderr) for each unknown ``SWE_GYM_*`` variable. The known values from ``.env`` are kept for
+    `setting` / `current` / `environ` (the environment still wins); os.environ is left as it is."""
     import sys
 
+    global _from_file
     settings = build(env_file=env_file)
-    for name, value in dotenv_values(env_file).items():
-        if name in known_names() and not (os.environ.get(name) or "").strip():
-            os.environ[name] = value
-    for line in unknown_warnings({**os.environ}):
+    _from_file = {name: value for name, value in dotenv_values(env_file).items() if name in known_names()}
+    for line in unknown_warnings(environ()):
         (warn or (lambda s: print(s, file=sys.stderr, flush=True)))(line)
     return settings
 

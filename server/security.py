@@ -5,16 +5,18 @@ Everything comes from the environment (on a Space: Space variables and secrets),
 compared in constant time and are never logged, returned or put in a tool schema. When no access token is configured
 (a local, loopback-only server) starting work is open.
 
-A server reachable from outside (bound to anything but loopback, ``SWE_GYM_BIND_HOST``, which ``serve`` sets from
-``--host``; or running on a Space, ``SPACE_ID``) with neither secret configured is *locked*: starting work and the
-admin routes are refused, naming the secret to set, unless ``SWE_GYM_OPEN_ACCESS=1`` asks for an open server on
-purpose (``push --open`` writes it as a Space variable). A Space duplicated in the browser never runs as an open relay.
+A server reachable from outside (bound to anything but loopback: ``serve``'s ``--host``, which it hands to
+`listening_on` before the server starts, else ``SWE_GYM_BIND_HOST``; or running on a Space, ``SPACE_ID``) with
+neither secret configured is *locked*: starting work and the admin routes are refused, naming the secret to set,
+unless ``SWE_GYM_OPEN_ACCESS=1`` asks for an open server on purpose (``push --open`` writes it as a Space variable).
+A Space duplicated in the browser never runs as an open relay.
 
 - ``SWE_GYM_ACCESS_TOKEN``: needed to start work (run_rollout over MCP and /ws, cancel, UI runs).
 - ``SWE_GYM_ADMIN_KEY``: needed for admin routes (capture sessions); it also grants access. With an access token
   but no admin key, admin routes are closed.
 - ``SWE_GYM_OPEN_ACCESS=1``: an exposed server with neither secret is open (anyone may start work and administer).
-- ``SWE_GYM_BIND_HOST``: the address the server listens on (``serve`` sets it); unset means loopback.
+- ``SWE_GYM_BIND_HOST``: the address the server listens on where no ``serve --host`` says it (a server started by
+  other means, e.g. ``uvicorn swe_gym_env.server.asgi:app``); unset means loopback.
 - ``SWE_GYM_PUBLIC_READS=1``: rollouts (listings, results, the UI's rollout, history and live views) readable by
   anyone. Without it, reading a rollout needs what starting one needs (``read_refusal``): the access token where one
   is configured, nothing on an open server, and nobody on a locked one. Results hold a model's captured outputs and
@@ -104,11 +106,20 @@ def _loopback(host: str) -> bool:
         return host.endswith(".localhost")
 
 
+_listening_on: str | None = None  # set once by `serve`, from its --host, before the server starts
+
+
+def listening_on(host: str) -> None:
+    """Say the address this process's server binds (``serve`` does, once): what `exposure` judges."""
+    global _listening_on
+    _listening_on = host
+
+
 def exposure() -> str | None:
     """Why this server is reachable from outside (a Space, or bound to a non-loopback address), or None."""
     if os.environ.get(SPACE_ENV):
         return f"running on a Space ({SPACE_ENV} is set)"
-    host = setting("bind_host") or ""
+    host = _listening_on if _listening_on is not None else setting("bind_host") or ""
     if not _loopback(host):
         return f"listening on {host}, not on loopback only"
     return None

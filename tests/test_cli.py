@@ -63,6 +63,72 @@ def test_rollout_without_a_server_then_export(engine, tmp_path):
     assert all(t["prompt_len"] and t["prompt_new_ids"] is not None and t["logprobs"] for r in rows for t in r["turns"])
 
 
+@pytest.mark.usefixtures("need_pi")
+def test_rollout_tries_an_impossible_variant_from_the_shell(engine, tmp_path):
+    out = run("rollout", "--variant", "impossible", "--engine-url", engine, env={"SWE_GYM_DATA_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    (result,) = [json.loads(line) for line in out.stdout.splitlines()]
+    # the oracle applies the gold patch, which the impossible variant's tests contradict
+    assert result["ok"] and result["variant"] == "impossible" and result["reward"] == 0.0, result
+
+
+def test_rollout_takes_what_run_rollout_takes():
+    from swe_gym_env.cli import build_parser, rollout_request
+    from swe_gym_env.wire import RolloutRequest
+
+    args = build_parser().parse_args(
+        "rollout --variant impossible --tests-visible --harness pi --harness-option api=anthropic-messages "
+        "--purpose train --mode black_box --engine big --temperature 0.5 --top-p 0.9 --top-k 5 --seed 7 "
+        "--result-form full --max-model-calls 3 --max-tokens 64 --deadline 30 --instance-id x".split()
+    )
+    req = rollout_request(args)
+    assert req == RolloutRequest(
+        variant="impossible",
+        tests_visible=True,
+        harness="pi",
+        harness_options={"api": "anthropic-messages"},
+        purpose="train",
+        mode="black_box",
+        engine="big",
+        temperature=0.5,
+        top_p=0.9,
+        top_k=5,
+        seed=7,
+        result_form="full",
+        max_model_calls=3,
+        max_tokens=64,
+        deadline_s=30.0,
+        instance_id="x",
+        sandbox=args.sandbox,
+    )
+    defaults = rollout_request(build_parser().parse_args(["rollout"]))
+    assert defaults == RolloutRequest(sandbox=defaults.sandbox)  # the flags' defaults are run_rollout's
+    # every run_rollout argument has a flag, but the idempotency key (-n rollouts share one request) and the
+    # server-side engine URL of a request (rollout's --engine-url names this process's default engine instead)
+    assert set(RolloutRequest.model_fields) - {"rollout_id", "index", "engine_url", "engine_model"} <= {
+        *(f.replace("-", "_") for f in vars(args)),
+        "deadline_s",
+        "harness_options",
+    }
+    bad = run("rollout", "--harness-option", "nokey")
+    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+
+
+def test_every_command_prints_its_help_and_exits_0(capsys):
+    from swe_gym_env.cli import BENCHES, build_parser, main
+
+    commands = [c for c in build_parser()._subparsers._group_actions[0].choices]  # type: ignore[union-attr]
+    assert "parity" in commands and "rollout" in commands
+    for argv in [[c] for c in commands] + [["bench", b] for b in BENCHES]:
+        with pytest.raises(SystemExit) as exit:
+            main([*argv, "--help"])
+        out = capsys.readouterr()
+        assert exit.value.code == 0 and "usage:" in out.out, (argv, out.err[-2000:])
+    # parity's options live where torch is: its usage is printed here all the same (this venv has no trainer)
+    out = run("parity", "--help", env={"SWE_GYM_TRAINER_PYTHON": "/nonexistent/python"})
+    assert out.returncode == 0 and "--rollout" in out.stdout, out.stderr
+
+
 @pytest.mark.usefixtures("need_sandbox")
 def test_validate_passes_on_the_bundled_tasks():
     out = run("validate")

@@ -229,16 +229,43 @@ def test_config_shows_values_sources_and_only_whether_a_secret_is_set(tmp_path):
     assert line.split()[1:] == ["set", "(environment)"]
 
 
-def test_startup_exports_dotenv_values_the_environment_wins(tmp_path, monkeypatch):
+def test_startup_keeps_dotenv_values_the_environment_wins_and_os_environ_is_left_alone(tmp_path, monkeypatch):
     env_file = tmp_path / ".env"
     env_file.write_text("SWE_GYM_MAX_ROLLOUTS=5\nSWE_GYM_STALL_TIMEOUT_S=7\n")
     monkeypatch.setenv("SWE_GYM_MAX_ROLLOUTS", "2")
     monkeypatch.delenv("SWE_GYM_STALL_TIMEOUT_S", raising=False)
+    monkeypatch.setattr(S, "_from_file", {})  # put back after the test, as startup replaces it
     seen: list[str] = []
     s = S.startup(env_file=env_file, warn=seen.append)
     assert s.max_rollouts == 2 and s.stall_timeout_s == 7.0
-    assert os.environ["SWE_GYM_STALL_TIMEOUT_S"] == "7" and os.environ["SWE_GYM_MAX_ROLLOUTS"] == "2"
-    monkeypatch.delenv("SWE_GYM_STALL_TIMEOUT_S")
+    assert "SWE_GYM_STALL_TIMEOUT_S" not in os.environ and os.environ["SWE_GYM_MAX_ROLLOUTS"] == "2"
+    # what the server's modules read, and what a child process that reads the settings itself is given
+    assert S.setting("stall_timeout_s") == 7.0 and S.setting("max_rollouts") == 2 and S.max_rollouts("local") == 2
+    assert S.current().stall_timeout_s == 7.0
+    assert S.environ()["SWE_GYM_STALL_TIMEOUT_S"] == "7" and S.environ()["SWE_GYM_MAX_ROLLOUTS"] == "2"
+    monkeypatch.setenv("SWE_GYM_STALL_TIMEOUT_S", "9")  # the environment still wins, as it changes
+    assert S.setting("stall_timeout_s") == 9.0
+
+
+# writes to this process's environment: the code that talks to itself through os.environ
+ENV_WRITE = re.compile(r"os\.environ\[[^\]]*\]\s*=[^=]|os\.environ\.(?:update|setdefault|pop)\(|environ\.pop\(")
+# where writing it is the point: the code that builds a child's environment (agents, sandboxes, the grading guard);
+# benchmarks/cheating.py points its own process at an engine (to be folded into ServerConfig like `serve` is)
+CHILD_ENV_CODE = ("server/agents/", "server/sandbox/", "server/grading/guard", "benchmarks/cheating.py")
+
+
+def test_configuration_flows_one_way_nothing_writes_os_environ_to_talk_to_itself():
+    found = []
+    for p in REPO.rglob("*.py"):
+        rel = p.relative_to(REPO).as_posix()
+        if set(p.relative_to(REPO).parts) & SKIP_DIRS or rel.startswith(("build/", *CHILD_ENV_CODE)):
+            continue
+        found += [
+            f"{rel}:{n}"
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            if ENV_WRITE.search(line)
+        ]
+    assert not found, f"pass configuration down (ServerConfig, a returned value), not through os.environ: {found}"
 
 
 def test_help_lists_the_commands_in_a_newcomers_order_one_line_each():

@@ -23,7 +23,7 @@ from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.core import procs
 from swe_gym_env.core.assets import task_runtime_dir
 from swe_gym_env.server.capture import CaptureProxy
-from swe_gym_env.server.engine.builtin import BUILTIN_ENGINE_ENV
+from swe_gym_env.server.engine import builtin
 from swe_gym_env.server.rollout import RolloutService, ServerConfig
 from swe_gym_env.server.sandbox import local
 from swe_gym_env.server.sandbox import preflight as pf
@@ -161,12 +161,12 @@ async def test_a_request_naming_no_sandbox_fails_clearly_when_none_is_usable(mon
 async def test_the_web_banner_says_the_builtin_engine_is_not_a_model_and_which_sandboxes_work(monkeypatch):
     from swe_gym_env.ui.app import _banner_html
 
-    monkeypatch.delenv(BUILTIN_ENGINE_ENV, raising=False)
+    monkeypatch.setattr(builtin, "running_policy", None)
     fake_probes(monkeypatch, results(landlock=True))
     html = await _banner_html()
     assert "engine-banner" not in html and "runs on <code>landlock</code>" in html
     assert 'data-sandbox="local" data-usable="false"' in html and 'data-sandbox="landlock" data-usable="true"' in html
-    monkeypatch.setenv(BUILTIN_ENGINE_ENV, "oracle")
+    monkeypatch.setattr(builtin, "running_policy", "oracle")  # as `serve` with no engine configured
     fake_probes(monkeypatch, results())
     html = await _banner_html()
     assert 'id="engine-banner"' in html and "NOT a model" in html
@@ -186,7 +186,7 @@ def serving(data: Path, *extra: str, env: dict[str, str] | None = None) -> Itera
     """`serve` as a process on a free port, with no engine in its environment unless `extra` names one."""
     port = procs.free_port()
     log = data / "serve.log"
-    clean = {k: v for k, v in os.environ.items() if k not in ("SWE_GYM_ENGINE_URL", BUILTIN_ENGINE_ENV)}
+    clean = {k: v for k, v in os.environ.items() if k != "SWE_GYM_ENGINE_URL"}
     full = {**clean, "SWE_GYM_UI": "0", "SWE_GYM_DATA_DIR": str(data), **(env or {})}
     with open(log, "w") as out:
         proc = subprocess.Popen([*ME, "serve", "--port", str(port), *extra], env=full, stdout=out, stderr=out)

@@ -8,21 +8,24 @@ does not answer is never replaced by this one: its rollouts fail with `engine un
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 from swe_gym_env.core.procs import free_port
 from swe_gym_env.core.settings import setting
+from swe_gym_env.server.capture import EngineTarget
 
-BUILTIN_ENGINE_ENV = "SWE_GYM_BUILTIN_ENGINE"  # set while the built-in engine is the default engine: its policy
 START_TIMEOUT_S = 60.0
+# the built-in engine while it is this process's default engine: set by `builtin_unless_configured` alone (the one
+# code that starts it), None otherwise; what `builtin_engine()` and `ServerConfig.from_env` read
+running: EngineTarget | None = None
+running_policy: str | None = None
 
 
 def builtin_engine() -> dict | None:
     """When this server runs the built-in engine: what it is, in words a visitor reads; else None."""
-    policy = os.environ.get(BUILTIN_ENGINE_ENV)
+    policy = running_policy
     if not policy:
         return None
     return {
@@ -35,23 +38,44 @@ def builtin_engine() -> dict | None:
 
 
 @contextlib.contextmanager
-def builtin_unless_configured(served_model: str, log: Callable[[str], None]) -> Iterator[None]:
-    """With $SWE_GYM_ENGINE_URL unset: the built-in engine becomes the default engine (SWE_GYM_ENGINE_URL /
-    _MODEL set to it) while the block runs; with it set, nothing changes."""
-    if setting("engine_url"):
-        os.environ.pop(BUILTIN_ENGINE_ENV, None)  # only this function says the built-in engine runs
-        yield
+def builtin_unless_configured(
+    served_model: str, log: Callable[[str], None], configured: EngineTarget | None = None
+) -> Iterator[EngineTarget | None]:
+    """With no engine ``configured`` (nor $SWE_GYM_ENGINE_URL): run the built-in engine while the block runs and yield
+    it, the default engine (no key: it takes none); with one: yield ``configured``, and nothing starts."""
+    global running, running_policy
+    if configured is not None or setting("engine_url"):
+        running, running_policy = None, None  # only this function says the built-in engine runs
+        yield configured
         return
-    import uvicorn
-
-    from swe_gym_env.core.assets import tokenizer_file
-    from swe_gym_env.server.agents.registry import HARNESSES
-    from swe_gym_env.server.engine.app import Engine, create_engine_app
-    from swe_gym_env.server.engine.chat import ChatRenderer
     from swe_gym_env.server.engine.policy import make_policy
 
     policy = make_policy("oracle")
-    context = max(8192, *(cls.min_context_tokens for cls in HARNESSES.values()))  # room for every harness
+    context = _context_for_every_harness()
+    with _engine_thread(policy, served_model, context) as port:
+        running, running_policy = EngineTarget(f"http://127.0.0.1:{port}/v1", served_model), policy.name
+        log(f"built-in engine on 127.0.0.1:{port}, context {context}. {(builtin_engine() or {})['note']}")
+        try:
+            yield running
+        finally:
+            running, running_policy = None, None
+
+
+def _context_for_every_harness() -> int:
+    from swe_gym_env.server.agents.registry import HARNESSES
+
+    return max(8192, *(cls.min_context_tokens for cls in HARNESSES.values()))  # room for every harness
+
+
+@contextlib.contextmanager
+def _engine_thread(policy, served_model: str, context: int) -> Iterator[int]:
+    """The engine app under uvicorn in a daemon thread on a free loopback port (yielded once it listens)."""
+    import uvicorn
+
+    from swe_gym_env.core.assets import tokenizer_file
+    from swe_gym_env.server.engine.app import Engine, create_engine_app
+    from swe_gym_env.server.engine.chat import ChatRenderer
+
     delay = setting("engine_delay_s")  # SWE_GYM_ENGINE_DELAY_S: to watch a rollout unfold (UI tests, demos)
     engine = Engine(ChatRenderer(tokenizer_file()), policy, served_model, max_model_len=context, delay_s=delay)
     port = free_port()
@@ -64,13 +88,8 @@ def builtin_unless_configured(served_model: str, log: Callable[[str], None]) -> 
             server.should_exit = True
             raise RuntimeError(f"the built-in engine did not start on 127.0.0.1:{port}")
         time.sleep(0.02)
-    os.environ["SWE_GYM_ENGINE_URL"] = f"http://127.0.0.1:{port}/v1"
-    os.environ["SWE_GYM_ENGINE_MODEL"] = served_model
-    os.environ[BUILTIN_ENGINE_ENV] = policy.name
-    os.environ.pop("SWE_GYM_ENGINE_API_KEY", None)  # it takes no key; a configured one is for another engine
-    log(f"built-in engine on 127.0.0.1:{port}, context {context}. {(builtin_engine() or {})['note']}")
     try:
-        yield
+        yield port
     finally:
         server.should_exit = True
         thread.join(10)

@@ -1,6 +1,6 @@
 """`serve --vllm-model M`: one process tree, whole stack. Starts vLLM's OpenAI server on loopback with the capture
-flags, waits until it answers, and registers it as the default engine (SWE_GYM_ENGINE_URL / _MODEL) for the
-server started next. vLLM runs in its own process group and is stopped with the server.
+flags, waits until it answers, and hands it (`vllm_engine` yields its URL and model) to `serve`, which makes it the
+default engine of the server it starts next. vLLM runs in its own process group and is stopped with the server.
 
 vLLM itself is found as ``$SWE_GYM_VLLM_PYTHON``, else this interpreter when it has vllm, else the ``.vllm-venv`` of
 the checkout (scripts/setup_vllm.sh: the CPU build, which is how this is tested here; the checkout is
@@ -196,10 +196,12 @@ def _first_answer(base: str, opts: VllmOptions, proc: subprocess.Popen, timeout_
 
 
 @contextlib.contextmanager
-def vllm_engine(args: argparse.Namespace) -> Iterator[None]:
-    """For `serve`: when --vllm-model is set, run vLLM and make it the default engine while the server runs."""
+def vllm_engine(args: argparse.Namespace) -> Iterator[tuple[str, str] | None]:
+    """For `serve`: when --vllm-model is set, run vLLM while the server runs and yield its base URL and served model
+    (our own loopback vLLM takes no key); else yield None. Imports nothing of the server: `setup` in the Space image's
+    first stage parses the command line with few of its modules there."""
     if not _model(args):
-        yield
+        yield None
         return
     opts = options_from_args(args)
     # uvicorn re-raises the SIGTERM it handled once it has stopped; by default that ends the process on the spot,
@@ -207,10 +209,7 @@ def vllm_engine(args: argparse.Namespace) -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with running_vllm(opts, log=lambda m: print(m, file=sys.stderr, flush=True)) as url:
-            os.environ["SWE_GYM_ENGINE_URL"] = url
-            os.environ["SWE_GYM_ENGINE_MODEL"] = opts.name
-            os.environ.pop("SWE_GYM_ENGINE_API_KEY", None)  # our own loopback vLLM takes no key
-            yield
+            yield url, opts.name
     finally:
         signal.signal(signal.SIGTERM, previous)
 

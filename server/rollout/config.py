@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swe_gym_env.core.names import SANDBOXES
-from swe_gym_env.core.settings import max_rollouts
+from swe_gym_env.core.settings import max_rollouts, setting
 from swe_gym_env.server.capture import EngineTarget
+from swe_gym_env.server.engine import builtin
 from swe_gym_env.server.results.retention import RetentionSettings
 from swe_gym_env.server.results.store import CACHE_BYTES, CACHE_ITEMS
 from swe_gym_env.server.security import engine_allowlist
+
+DEFAULT_ENGINE_URL = "http://127.0.0.1:8001/v1"  # `swe-gym-env engine`'s own default port
 
 
 def concurrency_from_env() -> dict[str, int]:
@@ -19,6 +22,21 @@ def concurrency_from_env() -> dict[str, int]:
     SWE_GYM_MAX_ROLLOUTS_<BACKEND> (e.g. SWE_GYM_MAX_ROLLOUTS_HF_POOL=16) for one (the settings model's; a bad value
     is a `SettingsError`, a ValueError, naming the variable)."""
     return {name: max_rollouts(name) for name in SANDBOXES}
+
+
+def default_engine(url: str | None = None, model: str | None = None) -> EngineTarget:
+    """The default engine: ``url`` / ``model`` (a command's flags) over SWE_GYM_ENGINE_URL / _MODEL, its key
+    SWE_GYM_ENGINE_API_KEY; with no URL anywhere, the built-in engine where this process runs it, else
+    127.0.0.1:8001."""
+    url = url or setting("engine_url")
+    if not url and not model and builtin.running is not None:
+        return builtin.running
+    key = setting("engine_api_key")
+    return EngineTarget(
+        base_url=(url or DEFAULT_ENGINE_URL).rstrip("/"),
+        served_model=model or setting("engine_model"),
+        api_key=key.get_secret_value() if key is not None else None,
+    )
 
 
 @dataclass
@@ -44,21 +62,15 @@ class ServerConfig:
     result_cache_bytes: int = CACHE_BYTES
 
     @classmethod
-    def from_env(cls) -> ServerConfig:
-        """SWE_GYM_ENGINE_URL / SWE_GYM_ENGINE_MODEL / SWE_GYM_ENGINE_API_KEY name the default engine."""
+    def from_env(cls, engine: EngineTarget | None = None) -> ServerConfig:
+        """The settings model's configuration; ``engine`` (what a command started or was told) is the default engine,
+        else `default_engine()`."""
         from swe_gym_env.core.assets import cache_dir
-        from swe_gym_env.core.settings import setting
         from swe_gym_env.server.agents.provision import install_on_use_from_env
 
-        key = setting("engine_api_key")
-        engine = EngineTarget(
-            base_url=(setting("engine_url") or "http://127.0.0.1:8001/v1").rstrip("/"),
-            served_model=setting("engine_model"),
-            api_key=key.get_secret_value() if key is not None else None,
-        )
         data = setting("data_dir")
         return cls(
-            engines={"default": engine},
+            engines={"default": engine or default_engine()},
             results_dir=Path(data) / "results" if data else cache_dir() / "results",
             context_window=setting("context_window"),
             grading_timeout_s=setting("grading_timeout_s"),
