@@ -6,13 +6,12 @@ can use it without the server's dependencies.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from swe_gym_env.core.names import HARNESSES, SANDBOXES
+from swe_gym_env.trace.compact import compact_turns, count_roots, standalone
 
 Phase = Literal["validate", "task", "session", "install", "boot", "agent", "diff", "grade", "done"]
 # Built from the one list of names (a Literal built at run time: static checkers see these as unknown)
@@ -32,6 +31,10 @@ HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "mistral-vibe": {"api": ("openai", "openai-responses", "anthropic")},  # harnesses/mistral_vibe.py: APIS
     "terminus-2": {"parser": ("json", "xml")},  # harnesses/terminus2.py: PARSERS, its two reply formats
     "droid": {"api": ("generic-chat-completion-api", "openai", "anthropic")},  # harnesses/droid.py: APIS
+    "hermes": {"api": ("chat_completions", "codex_responses", "anthropic_messages")},  # harnesses/hermes.py: APIS
+    "openclaw": {  # harnesses/openclaw.py: its providers' `api`, Pi's (pi_apis.PI_APIS)
+        "api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai")
+    },
 }
 
 
@@ -127,7 +130,7 @@ class Turn(BaseModel):
     Compact form (schema 2): a turn carries only what the earlier turn it continues did not have. Its prompt is
     ``prompt_shared`` tokens of turn ``prompt_base``'s prompt + completion, then ``prompt_new_ids``; its request's
     messages are turn ``messages_base``'s first ``messages_kept`` messages, then ``new_messages``, and its other fields
-    are ``params`` (None: the same as turn ``messages_base``'s). `swe_gym_env.result_form` gives any turn's full prompt
+    are ``params`` (None: the same as turn ``messages_base``'s). `swe_gym_env.trace.forms` gives any turn's full prompt
     ids and request back (``prompt_ids``, ``request_of``, ``expand``). ``prompt_token_ids`` and ``request`` are filled
     only in the full form (``RolloutRequest.result_form="full"``, or ``result_form.expand``).
     """
@@ -192,98 +195,8 @@ class Turn(BaseModel):
         """A turn given in the full form alone (whole prompt and request, as schema 1 had it) stands on its own:
         nothing taken from an earlier turn."""
         if isinstance(data, dict) and "prompt_new_ids" not in data and data.get("prompt_token_ids") is not None:
-            data = {**data, **_standalone(data)}
+            data = {**data, **standalone(data)}
         return data
-
-
-def _standalone(turn: dict) -> dict:
-    prompt = list(turn["prompt_token_ids"])
-    request = turn.get("request") or {}
-    return {
-        "prompt_len": len(prompt),
-        "prompt_base": None,
-        "prompt_shared": 0,
-        "prompt_new_ids": prompt,
-        "messages_base": None,
-        "messages_kept": 0,
-        "new_messages": list(request.get("messages") or []),
-        "params": {k: v for k, v in request.items() if k != "messages"},
-    }
-
-
-def _canon(obj: object) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def lcp(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the longest common prefix of two id lists (slices compared in C, a chunk at a time)."""
-    n = min(len(a), len(b))
-    i = start
-    step = 4096
-    while i < n:
-        j = min(n, i + step)
-        if a[i:j] != b[i:j]:
-            while a[i] == b[i]:
-                i += 1
-            return i
-        i = j
-    return n
-
-
-def compact_turns(turns: list[dict]) -> list[dict]:
-    """Full-form turn dicts (each with its whole ``prompt_token_ids`` and ``request``) in the compact form: each
-    prompt and request taken from the earlier turn sharing the longest prefix of ids among its parent, the turn it
-    retries and the turn before it. Exact: `result_form.expand` gives the same prompts and requests back."""
-    out: list[dict] = []
-    canon: dict[int, list[str]] = {}
-    by_index: dict[int, dict] = {}
-    for t in turns:
-        prompt = list(t["prompt_token_ids"])
-        request = t.get("request") or {}
-        messages = list(request.get("messages") or [])
-        params = {k: v for k, v in request.items() if k != "messages"}
-        i = t["index"]
-        best, shared = None, 0
-        for c in dict.fromkeys(x for x in (t.get("parent"), t.get("retry_of"), i - 1) if x is not None):
-            prev = by_index.get(c)
-            if prev is None or c >= i:
-                continue
-            pp, pc = prev["prompt_token_ids"], prev["completion_token_ids"]
-            n = lcp(prompt, pp)
-            if n == len(pp):
-                n += lcp(prompt[n:], pc)
-            if n > shared or (n == shared and n > 0 and best is not None and c > best):
-                best, shared = c, n
-        mine = [_canon(m) for m in messages]
-        kept = 0
-        if best is not None:
-            theirs = canon[best]
-            while kept < min(len(theirs), len(mine)) and theirs[kept] == mine[kept]:
-                kept += 1
-            base_request = by_index[best].get("request") or {}
-            same = _canon(params) == _canon({k: v for k, v in base_request.items() if k != "messages"})
-        else:
-            same = False
-        canon[i] = mine
-        by_index[i] = t
-        compact = {k: v for k, v in t.items() if k not in ("prompt_token_ids", "request")}
-        compact.update(
-            prompt_len=len(prompt),
-            prompt_base=best,
-            prompt_shared=shared,
-            prompt_new_ids=prompt[shared:],
-            messages_base=best,
-            messages_kept=kept,
-            new_messages=messages[kept:],
-            params=None if same else params,
-        )
-        out.append(compact)
-    return out
-
-
-def count_roots(turns: list[Turn]) -> int:
-    """Conversations in the rollout graph: calls that continue none before them (the one count of roots)."""
-    return sum(1 for t in turns if t.parent is None)
 
 
 class SequenceRef(BaseModel):
@@ -359,7 +272,7 @@ SCHEMA_VERSION = 2  # 2: compact turns (each carries what the turn it continues 
 class RolloutResult(BaseModel):
     schema_version: int = Field(
         default=SCHEMA_VERSION,
-        description="2: compact turns (read a turn's whole prompt and request with swe_gym_env.result_form); "
+        description="2: compact turns (read a turn's whole prompt and request with swe_gym_env.trace.forms); "
         "a schema-1 result (whole prompt and request on every turn) is upgraded on reading.",
     )
     rollout_id: str
@@ -469,24 +382,6 @@ class RolloutSummary(BaseModel):
     variant: Literal["original", "impossible"] = Field(
         default="original", description="impossible: the task's impossible variant (any 1.0 is a cheat)."
     )
-
-    @classmethod
-    def of_result(cls, r: RolloutResult) -> RolloutSummary:
-        return cls(
-            rollout_id=r.rollout_id,
-            instance_id=r.instance_id,
-            harness=r.harness,
-            sandbox=r.sandbox,
-            phase=r.phase,
-            state="finished",
-            ok=r.ok,
-            reward=r.reward,
-            turns=len(r.turns),
-            roots=r.roots,
-            error=r.error,
-            capture_session_id=r.capture_session_id,
-            variant=r.variant,
-        )
 
 
 class GradingSummary(BaseModel):

@@ -35,13 +35,13 @@ import orjson
 
 from swe_gym_env.benchmarks import emit
 from swe_gym_env.client.trainer import training_rows
-from swe_gym_env.result_form import TurnsView
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.capture.dialect import CapturedCall
 from swe_gym_env.server.capture.graph import _PrefixHasher
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.rollout.record import RunState
+from swe_gym_env.trace.forms import TurnsView
 from swe_gym_env.wire import RolloutResult
 
 CALLS = 80

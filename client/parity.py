@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swe_gym_env.result_form import TurnsView
+from swe_gym_env.trace.forms import TurnsView
 from swe_gym_env.wire import RolloutResult, RolloutStatus, Turn
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -106,7 +106,7 @@ def sampling_of(turn: Turn) -> tuple[float, int | None, float | None]:
     """(temperature, top_k, top_p) from the turn's forwarded request (a full-form turn: `result_form`); vLLM's
     defaults where absent."""
     if turn.request is None:
-        raise ValueError(f"turn {turn.index} is compact: read it with swe_gym_env.result_form (expand)")
+        raise ValueError(f"turn {turn.index} is compact: read it with swe_gym_env.trace.forms (expand)")
     req = turn.request
     temp = req.get("temperature")
     temperature = 1.0 if temp is None else float(temp)
@@ -201,7 +201,7 @@ def shift_of(captured: list[float], computed: list[float], tol: Tolerance) -> in
 def check_turn(model: Any, rollout_id: str, turn: Turn, tol: Tolerance) -> TurnParity:
     temperature, top_k, top_p = sampling_of(turn)
     if turn.prompt_token_ids is None:
-        raise ValueError(f"turn {turn.index} is compact: read it with swe_gym_env.result_form (expand)")
+        raise ValueError(f"turn {turn.index} is compact: read it with swe_gym_env.trace.forms (expand)")
     prompt, ids, captured = turn.prompt_token_ids, turn.completion_token_ids, list(turn.logprobs)
     base: dict[str, Any] = {
         "rollout_id": rollout_id,

@@ -1,7 +1,7 @@
 """Trainer adapters: rollout results → training rows, using the captured ids and logprobs exactly as they are.
 
 The rows are the rollout graph's sequences (`RolloutResult.sequences`), read from the compact turns by
-`swe_gym_env.result_form` and laid out by `swe_gym_env.sequences`, the same code that lays out the server's export:
+`swe_gym_env.trace.forms` and laid out by `swe_gym_env.trace.compact`, the same code that lays out the server's export:
 a row is a chain of calls each extending the previous one exactly, with loss mask 1 on sampled tokens. Discarded
 sequences (abandoned branches: retried calls, calls the agent never used) never become rows. Rollouts that are not
 `ok` (or have no reward) yield no rows: an unscorable rollout is excluded, never scored 0. A result whose sequences do
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from swe_gym_env.result_form import TurnsView
-from swe_gym_env.sequences import SequenceError
+from swe_gym_env.trace.compact import SequenceError
+from swe_gym_env.trace.forms import TurnsView
 from swe_gym_env.wire import RolloutResult, TrainingRow
 
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from swe_gym_env.client.trainer import main_row, training_rows
 from swe_gym_env.client.ws_client import SweGymWSClient
-from swe_gym_env.sequences import SequenceError
+from swe_gym_env.trace.compact import SequenceError
 from swe_gym_env.wire import RolloutRequest, RolloutResult, TrainingRow, failed_result
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")

@@ -30,7 +30,6 @@ from fastmcp.tools.base import ToolResult
 from mcp.types import ResourceLink, TextContent
 from pydantic import Field, TypeAdapter
 
-from swe_gym_env.result_form import expand
 from swe_gym_env.server.agents.registry import HARNESSES, harness_info
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.grading.variants import task_page as impossible_page
@@ -54,6 +53,7 @@ from swe_gym_env.server.security import (
     start_refusal,
 )
 from swe_gym_env.tasks.catalog import TaskNotFound, get_task, split_names, tasks_in
+from swe_gym_env.trace.forms import expand
 from swe_gym_env.wire import (
     Capabilities,
     ResultSummary,

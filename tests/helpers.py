@@ -214,7 +214,7 @@ class Stack:
 def full_turns(source) -> list:
     """The turns of a result (or a session's turn list) in the full form: each with its whole prompt_token_ids and
     request (`result_form.expand_turns`)."""
-    from swe_gym_env.result_form import expand_turns
+    from swe_gym_env.trace.forms import expand_turns
 
     return expand_turns(getattr(source, "turns", source))
 
@@ -222,7 +222,7 @@ def full_turns(source) -> list:
 def reference_rows(result, roles=("agent", "aux")) -> list[tuple]:
     """Training rows the schema-1 way (every turn's whole prompt): the old `client.trainer.training_rows`, kept as
     the reference the compact form must reproduce. (turn indices, role, ids, mask, logprobs) per row."""
-    from swe_gym_env.sequences import check_prefixes, materialize
+    from swe_gym_env.trace.compact import check_prefixes, materialize
 
     if not result.ok or result.reward is None:
         return []
@@ -247,7 +247,7 @@ def check_result_form(result) -> None:
     fields rebuilt from the full form alone expand to the same full form; training rows from the compact form equal
     the rows built the old way from the full turns; a schema-1 dump of it reads back as the same compact result."""
     from swe_gym_env.client.trainer import training_rows
-    from swe_gym_env.result_form import check_sequences, compact, expand, recompact
+    from swe_gym_env.trace.forms import check_sequences, compact, expand, recompact
     from swe_gym_env.wire import RolloutResult
 
     assert result.schema_version == 2

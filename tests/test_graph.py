@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from swe_gym_env.client.trainer import main_row, training_rows
 from swe_gym_env.client.trl_adapter import trl_output
-from swe_gym_env.sequences import SequenceError, check_prefixes
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.capture.graph import BLOCK, RolloutGraph
+from swe_gym_env.trace.compact import SequenceError, check_prefixes
 from swe_gym_env.wire import RolloutResult, SequenceRef, Turn
 
 SYS = list(range(1000, 1032))  # a 32-token system prompt

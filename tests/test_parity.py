@@ -32,6 +32,7 @@ from conftest import require
 
 from swe_gym_env.client.parity import TOLERANCES, load_rollouts, sampling_of, shift_of
 from swe_gym_env.core.assets import tokenizer_dir
+from swe_gym_env.trace.forms import summary_of
 from swe_gym_env.wire import RolloutResult, RolloutStatus, RolloutSummary, Turn
 
 from helpers import ME, MODEL, Stack, full_turns, rows_match_export
@@ -61,7 +62,7 @@ def test_load_rollouts_from_files_status_and_store(tmp_path, monkeypatch):
     a, b = _result("aaaaaaaa"), _result("bbbbbbbb")
     (tmp_path / "one.json").write_text(a.model_dump_json())
     (tmp_path / "many.jsonl").write_text(a.model_dump_json() + "\n\n" + b.model_dump_json() + "\n")
-    status = RolloutStatus(rollout_id=a.rollout_id, state="finished", summary=RolloutSummary.of_result(a), result=a)
+    status = RolloutStatus(rollout_id=a.rollout_id, state="finished", summary=summary_of(a), result=a)
     (tmp_path / "status.json").write_text(status.model_dump_json())
     running = RolloutStatus(
         rollout_id="cccccccc", state="running",

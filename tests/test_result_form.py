@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swe_gym_env.client.trainer import training_rows
-from swe_gym_env.result_form import TurnsView, compact, expand, prompt_ids, request_of
-from swe_gym_env.sequences import SequenceError
 from swe_gym_env.server.capture import CaptureProxy, EngineTarget
 from swe_gym_env.server.capture.dialect import CapturedCall
 from swe_gym_env.server.capture.graph import BLOCK, RolloutGraph
 from swe_gym_env.server.capture.registry import DIALECTS
 from swe_gym_env.server.capture.store import CaptureStore
 from swe_gym_env.server.rollout.record import RunState
+from swe_gym_env.trace.compact import SequenceError
+from swe_gym_env.trace.forms import TurnsView, compact, expand, prompt_ids, request_of
 from swe_gym_env.wire import SCHEMA_VERSION, RolloutResult, Turn
 
 from helpers import check_result_form, reference_rows

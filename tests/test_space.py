@@ -24,9 +24,9 @@ from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoUrl, SpaceInfo
 
 from swe_gym_env.cli import free_port
-from swe_gym_env.result_form import request_of
 from swe_gym_env.space_app import push as push_mod
 from swe_gym_env.space_app.push import push
+from swe_gym_env.trace.forms import request_of
 
 REPO = Path(__file__).resolve().parent.parent
 SECRETS = {

@@ -123,7 +123,7 @@ SCRIPT = textwrap.dedent(
     base_url, model_dir = sys.argv[1], sys.argv[2]
     t0 = time.monotonic()
     from swe_gym_env.client.trl_adapter import REQUIRED_KEYS, env_reward_func, make_rollout_func
-    from swe_gym_env.result_form import expand_turns
+    from swe_gym_env.trace.forms import expand_turns
 
     heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "trl", "transformers", "fastapi", "fastmcp")]
     assert not heavy and not any(m.startswith("swe_gym_env.server") for m in sys.modules), heavy

@@ -20,7 +20,8 @@ from swe_gym_env.server.rollout.pipeline import show_tests
 from swe_gym_env.server.rollout.workspace import task_spec
 from swe_gym_env.server.sandbox.registry import create_sandbox
 from swe_gym_env.tasks.catalog import BUNDLED_DIR, bundled_tasks
-from swe_gym_env.wire import RolloutRequest, RolloutResult, RolloutSummary, failed_result
+from swe_gym_env.trace.forms import summary_of
+from swe_gym_env.wire import RolloutRequest, RolloutResult, failed_result
 from swe_gym_env.wire import TestReport as Report
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -192,7 +193,7 @@ def test_a_one_on_an_impossible_variant_is_a_cheat():
 def test_the_variant_is_echoed_on_results_and_summaries():
     req = RolloutRequest(variant="impossible", tests_visible=False)
     bad = failed_result(req, "no variant", "boot")
-    assert bad.variant == "impossible" and RolloutSummary.of_result(bad).variant == "impossible"
+    assert bad.variant == "impossible" and summary_of(bad).variant == "impossible"
     assert RolloutResult.model_validate_json(bad.model_dump_json()).variant == "impossible"
     assert RolloutRequest().variant == "original" and failed_result(RolloutRequest(), "x").variant == "original"
     with pytest.raises(ValueError):

@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from swe_gym_env.sequences import materialize
+from swe_gym_env.trace.compact import materialize
 from swe_gym_env.wire import Finding
 
 BLOCK = 16  # prefix granularity of the index; a prompt sharing fewer tokens than this with every node is a root

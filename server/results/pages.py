@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from swe_gym_env.trace.forms import summary_of
 from swe_gym_env.wire import Finding, GradingSummary, ResultSummary, RolloutResult
 
 PAGE_BYTES = 512 * 1024  # a page's text, JSON-escaped as it travels in resources/read
@@ -211,19 +212,9 @@ def counts(result: RolloutResult, result_bytes: int | None) -> dict[str, int]:
 def base_summary(result: RolloutResult) -> ResultSummary:
     """The summary of a result without where its pages are (kept in the results index, so a summary is read
     without parsing the result)."""
-    return ResultSummary(
-        rollout_id=result.rollout_id,
-        instance_id=result.instance_id,
-        harness=result.harness,
-        sandbox=result.sandbox,
-        phase=result.phase,
-        state="finished",
-        ok=result.ok,
-        reward=result.reward,
-        turns=len(result.turns),
-        roots=result.roots,
-        error=result.error[:4000] if result.error else None,
-        capture_session_id=result.capture_session_id,
+    summary = summary_of(
+        result,
+        ResultSummary,
         stop_reason=result.stop_reason,
         grading=_grading(result),
         integrity=result.grading.integrity if result.grading else None,
@@ -237,8 +228,9 @@ def base_summary(result: RolloutResult) -> ResultSummary:
         wall_s=result.wall_s,
         agent_exit_code=result.agent_exit_code,
         counts=counts(result, None),
-        variant=result.variant,
     )
+    assert isinstance(summary, ResultSummary)
+    return summary
 
 
 def with_pages(s: ResultSummary, manifest: Manifest | None, note: str | None = None) -> ResultSummary:

@@ -14,12 +14,12 @@ import re
 import shlex
 import time
 
-from swe_gym_env.result_form import TurnsView
 from swe_gym_env.server.agents.base import AgentConfig, AgentOutcome, Harness, reconcile
 from swe_gym_env.server.capture import CaptureSession, request_text
 from swe_gym_env.server.rollout.record import RolloutRecord, RunState
 from swe_gym_env.server.rollout.workspace import read_text
 from swe_gym_env.server.sandbox.base import ExecResult, Sandbox
+from swe_gym_env.trace.forms import TurnsView
 from swe_gym_env.wire import Finding, RolloutRequest
 
 POLL_S = 0.1  # how often the agent phase looks at the session (the events file: every POLL_EVENTS_S)

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from swe_gym_env.result_form import expand_turns
 from swe_gym_env.server.capture import CaptureSession
 from swe_gym_env.server.engine.certify import Certificate
+from swe_gym_env.trace.compact import count_roots
+from swe_gym_env.trace.forms import expand_turns, summary_of
 from swe_gym_env.wire import (
     Finding,
     Phase,
@@ -19,7 +20,6 @@ from swe_gym_env.wire import (
     RolloutResult,
     RolloutSummary,
     SequenceRef,
-    count_roots,
 )
 
 
@@ -130,7 +130,7 @@ class RolloutRecord:
 
     def summary(self) -> RolloutSummary:
         if self.result is not None:
-            return RolloutSummary.of_result(self.result)
+            return summary_of(self.result)
         last = self.session.last_call_at if self.session else None
         return RolloutSummary(
             rollout_id=self.rollout_id,

@@ -36,6 +36,7 @@ from swe_gym_env.server.rollout.runtime import Sockets
 from swe_gym_env.server.sandbox.errors import SandboxUnavailable
 from swe_gym_env.server.sandbox.preflight import default_sandbox
 from swe_gym_env.server.sandbox.registry import reap_orphans
+from swe_gym_env.trace.forms import summary_of
 from swe_gym_env.wire import (
     AUTO_SANDBOX,
     Phase,
@@ -213,9 +214,7 @@ class RolloutService:
         rec = self.rollouts.get(rollout_id)
         result = rec.result if rec is not None else self.store.get(rollout_id) if self.store is not None else None
         if result is not None:
-            return RolloutStatus(
-                rollout_id=rollout_id, state="finished", summary=RolloutSummary.of_result(result), result=result
-            )
+            return RolloutStatus(rollout_id=rollout_id, state="finished", summary=summary_of(result), result=result)
         if rec is None:
             return None
         return RolloutStatus(rollout_id=rollout_id, state=rec.state, summary=rec.summary())

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from swe_gym_env.sequences import SequenceError, materialize
-from swe_gym_env.wire import RolloutResult, SequenceRef, Turn, compact_turns
+from swe_gym_env.trace.compact import SequenceError, compact_turns, materialize
+from swe_gym_env.wire import RolloutResult, RolloutSummary, SequenceRef, Turn
 
 CACHED_SEQUENCES = 8  # whole token lists a view keeps (most recently used): enough for a chain walked in order
 
@@ -263,3 +263,39 @@ def check_sequences(result: RolloutResult, view: TurnsView | None = None) -> Non
         for i in seq.turns:
             if view.turn(i).sequence not in (None, k):
                 raise SequenceError(f"turn {i} names sequence {view.turn(i).sequence}, but sequence {k} holds it")
+
+
+def summary_of(result: RolloutResult, form: type[RolloutSummary] = RolloutSummary, **more) -> RolloutSummary:
+    """The one summary of a finished result: a listing's `RolloutSummary`, or (``form=ResultSummary``, with the
+    fields only it has in ``more``) the summary form's. Its error is cut to 4,000 characters."""
+    fields = dict(
+        rollout_id=result.rollout_id,
+        instance_id=result.instance_id,
+        harness=result.harness,
+        sandbox=result.sandbox,
+        phase=result.phase,
+        state="finished",
+        ok=result.ok,
+        reward=result.reward,
+        turns=len(result.turns),
+        roots=result.roots,
+        error=result.error[:4000] if result.error else None,
+        capture_session_id=result.capture_session_id,
+        variant=result.variant,
+    )
+    return form(**fields, **more)
+
+
+__all__ = [
+    "SequenceError",
+    "TurnsView",
+    "check_sequences",
+    "compact",
+    "expand",
+    "expand_turns",
+    "prompt_ids",
+    "recompact",
+    "request_of",
+    "sequence_tokens",
+    "summary_of",
+]
