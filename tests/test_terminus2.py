@@ -216,24 +216,28 @@ def test_its_bundle_runs_tmux_and_harbor_parses_the_oracles_replies_in_both_form
     version = subprocess.run([str(root / "bin" / "tmux"), "-V"], capture_output=True, text=True, timeout=30)
     assert version.returncode == 0 and version.stdout.startswith("tmux 3."), version.stderr
     short, long = bundled_tasks()[0], next(t for t in bundled_tasks() if len(t.patch) > KEYSTROKE_CHUNK)
-    for fmt, parser in (("json", "TerminusJSONPlainParser"), ("xml", "TerminusXMLPlainParser")):
-        for task in (short, long):
-            plan = OraclePolicy().keystrokes_plan(task, "/work/repo", fmt)
-            replies = json.dumps([r.content for r in plan])
-            code = (
-                f"import json\nfrom harbor.agents.terminus_2.terminus_{fmt}_plain_parser import {parser}\n"
-                f"p = {parser}()\nfor text in json.loads({replies!r}):\n"
-                "    r = p.parse_response(text)\n"
-                "    print(json.dumps([r.error, [c.keystrokes for c in r.commands], r.is_task_complete]))\n"
-            )
-            parsed = [json.loads(line) for line in bundle_python(h, code).splitlines()]
-            assert all(not p[0] for p in parsed), parsed
-            typed = [k for p in parsed for k in p[1]]
-            assert all(k.endswith("\n") for k in typed) and typed[-1].startswith("cd /work/repo && ")
-            assert [p[2] for p in parsed] == [False] * len(typed) + [True]  # the fix, then done (sent again: confirmed)
-            # a long patch goes in pieces, one reply each, none longer than a reply may be
-            assert len(typed) == (1 if task is short else -(-len(base64.b64encode(task.patch.encode())) // 800) + 1)
-            assert all(len(k) < KEYSTROKE_CHUNK + 100 for k in typed)
+    cases = [(fmt, task) for fmt in ("json", "xml") for task in (short, long)]
+    replies = json.dumps(
+        [[fmt, [r.content for r in OraclePolicy().keystrokes_plan(t, "/work/repo", fmt)]] for fmt, t in cases]
+    )
+    code = (  # one interpreter for all four (harbor's import is the slow part)
+        "import json\n"
+        "from harbor.agents.terminus_2.terminus_json_plain_parser import TerminusJSONPlainParser\n"
+        "from harbor.agents.terminus_2.terminus_xml_plain_parser import TerminusXMLPlainParser\n"
+        "parsers = {'json': TerminusJSONPlainParser(), 'xml': TerminusXMLPlainParser()}\n"
+        f"for fmt, texts in json.loads({replies!r}):\n"
+        "    rs = [parsers[fmt].parse_response(t) for t in texts]\n"
+        "    print(json.dumps([[r.error, [c.keystrokes for c in r.commands], r.is_task_complete] for r in rs]))\n"
+    )
+    for (fmt, task), line in zip(cases, bundle_python(h, code).splitlines(), strict=True):
+        parsed = json.loads(line)
+        assert all(not p[0] for p in parsed), (fmt, parsed)
+        typed = [k for p in parsed for k in p[1]]
+        assert all(k.endswith("\n") for k in typed) and typed[-1].startswith("cd /work/repo && ")
+        assert [p[2] for p in parsed] == [False] * len(typed) + [True]  # the fix, then done (sent again: confirmed)
+        # a long patch goes in pieces, one reply each, none longer than a reply may be
+        assert len(typed) == (1 if task is short else -(-len(base64.b64encode(task.patch.encode())) // 800) + 1)
+        assert all(len(k) < KEYSTROKE_CHUNK + 100 for k in typed)
 
 
 def test_a_reply_cut_at_max_tokens_is_noted_where_its_trajectory_lost_it():
