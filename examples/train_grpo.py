@@ -170,7 +170,7 @@ class StepPrinter(TrainerCallback):
             self.pending = None
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--server", required=True, help="swe_gym_env server URL (http://host:port)")
     p.add_argument("--model", required=True, help="the weights the engine serves (a transformers model folder)")
@@ -188,15 +188,12 @@ def main() -> int:
     p.add_argument("--bf16", action="store_true", help="train in bfloat16 (GPUs)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (large models)")
     p.add_argument("--output-dir", default=None)
-    args = p.parse_args()
+    return p.parse_args()
 
-    with SyncSweGymWSClient(args.server) as client:
-        page = client.list_tasks(args.split, limit=args.tasks)
-    prompts = [t.instance_id for t in page.tasks][: args.tasks]
-    print(f"tasks: {prompts}; group size {args.group}; {args.steps} steps", flush=True)
 
-    batches: list[list[RolloutResult]] = []
-    rollout_func = make_rollout_func(
+def rollout_func_for(args: argparse.Namespace, batches: list[list[RolloutResult]]):
+    """TRL's `rollout_func`: one swe_gym_env rollout per completion, each step's results appended to ``batches``."""
+    return make_rollout_func(
         args.server,
         split=args.split,
         purpose="train",  # the server refuses engines without token ids + processed logprobs
@@ -209,6 +206,10 @@ def main() -> int:
         max_concurrency=args.tasks * args.group,
         on_results=batches.append,
     )
+
+
+def load_model(args: argparse.Namespace):
+    """The policy, with only its last ``--train-last-layers`` decoder layers (and the final norm) trainable if set."""
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
     if args.train_last_layers:
@@ -216,8 +217,11 @@ def main() -> int:
         for layer in model.model.layers[-args.train_last_layers :]:
             layer.requires_grad_(True)
         model.model.norm.requires_grad_(True)
-    out_dir = args.output_dir or tempfile.mkdtemp(prefix="grpo-")
-    config = GRPOConfig(
+    return model
+
+
+def grpo_config(args: argparse.Namespace, out_dir: str) -> GRPOConfig:
+    return GRPOConfig(
         output_dir=out_dir,
         max_steps=args.steps,
         per_device_train_batch_size=1,
@@ -237,11 +241,37 @@ def main() -> int:
         # TRL turns it on by default; with frozen layers it would still backpropagate through all of them.
         gradient_checkpointing=args.gradient_checkpointing,
     )
+
+
+def finish(trainer: CapturedLogprobGRPOTrainer, steps: int, took_s: float) -> int:
+    """Say what the run trained; 0 when every step ran with a finite loss and some token was trained."""
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    trained = getattr(trainer, "trained_tokens_total", 0)
+    ok = trainer.state.global_step == steps and all(math.isfinite(x) for x in losses) and trained > 0
+    print(
+        f"done: {trainer.state.global_step} optimizer steps, {trained} trainable tokens in "
+        f"{took_s:.0f} s" + ("" if trained else " (no scorable rollout: nothing was trained)"),
+        flush=True,
+    )
+    return 0 if ok else 1
+
+
+def main() -> int:
+    args = parse_args()
+    with SyncSweGymWSClient(args.server) as client:
+        page = client.list_tasks(args.split, limit=args.tasks)
+    prompts = [t.instance_id for t in page.tasks][: args.tasks]
+    print(f"tasks: {prompts}; group size {args.group}; {args.steps} steps", flush=True)
+
+    batches: list[list[RolloutResult]] = []
+    rollout_func = rollout_func_for(args, batches)
+    model = load_model(args)
+    out_dir = args.output_dir or tempfile.mkdtemp(prefix="grpo-")
     ref: dict = {}
     trainer = CapturedLogprobGRPOTrainer(
         model=model,
         reward_funcs=env_reward_func,
-        args=config,
+        args=grpo_config(args, out_dir),
         rollout_func=rollout_func,
         train_dataset=Dataset.from_dict({"prompt": prompts * args.steps}),
         callbacks=[StepPrinter(ref, batches, args.engine_url, os.path.join(out_dir, "sync"))],
@@ -249,15 +279,7 @@ def main() -> int:
     ref["trainer"] = trainer
     start = time.monotonic()
     trainer.train()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    trained = getattr(trainer, "trained_tokens_total", 0)
-    ok = trainer.state.global_step == args.steps and all(math.isfinite(x) for x in losses) and trained > 0
-    print(
-        f"done: {trainer.state.global_step} optimizer steps, {trained} trainable tokens in "
-        f"{time.monotonic() - start:.0f} s" + ("" if trained else " (no scorable rollout: nothing was trained)"),
-        flush=True,
-    )
-    return 0 if ok else 1
+    return finish(trainer, args.steps, time.monotonic() - start)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,8 @@
 #   datasets it resolved to, pinned too so the test runs against the code whose rollout_func contract we read.
 # - this repo's BASE install only (`pip install -e .`: pydantic, httpx, websockets): the light client, never the
 #   server extra. The adapter must work without fastapi, fastmcp, uvicorn or swebench.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/side_venv.sh"
 
-PY=${PYTHON:-python3}
 VENV=.trl-venv
 TORCH_SPEC="torch==2.13.0+cpu"
 TRL_SPEC="trl==1.16.0"
@@ -20,11 +18,7 @@ TRL_SPEC="trl==1.16.0"
 PINS=("transformers==5.24.0" "accelerate==1.15.0" "datasets==5.2.0")
 MARKER="$VENV/.ready-trl-1.16.0"
 
-source scripts/side_venv.sh
-
-if [ ! -f "$MARKER" ]; then
-  start=$(date +%s)
-  make_side_venv
+install_side_venv() {
   # Keep the machine's own constraints (if any) and add ours: torch stays the CPU build from local disk.
   CONSTRAINTS="$VENV/constraints.txt"
   { [ -f /etc/xdg/pip/constraints.txt ] && cat /etc/xdg/pip/constraints.txt; echo "$TORCH_SPEC"; } > "$CONSTRAINTS"
@@ -34,7 +28,7 @@ if [ ! -f "$MARKER" ]; then
   # setuptools prints pages of package-discovery warnings for this repo's layout: keep them in a log, shown on
   # failure only.
   quiet_pip install -q -c "$CONSTRAINTS" -e . 2> "$VENV/install-repo.log" || { cat "$VENV/install-repo.log" >&2; exit 1; }
-  "$VENV/bin/python" - <<'EOF'
+  "$VENV/bin/python" - <<'PY'
 from importlib.metadata import version
 
 import torch
@@ -46,9 +40,10 @@ from swe_gym_env.client import trl_adapter  # noqa: F401
 assert "+cpu" in torch.__version__, f"not the CPU build of torch: {torch.__version__}"
 names = ["trl", "torch", "transformers", "accelerate", "datasets", "pydantic", "httpx", "websockets"]
 print(" ".join(f"{n} {version(n)}" for n in names))
-EOF
-  touch "$MARKER"
-  echo "trl venv ready in $(( $(date +%s) - start )) s: $VENV ($(du -sh "$VENV" | cut -f1))"
-else
+PY
+}
+
+if [ -f "$MARKER" ]; then
   "$VENV/bin/python" -c 'from importlib.metadata import version as v; print(" ".join(f"{n} {v(n)}" for n in ["trl", "torch", "transformers", "accelerate", "datasets"]))'
 fi
+ensure_side_venv trl --size

