@@ -20,7 +20,7 @@ from test_five_harnesses import CFG, secret_only_in_the_env_file, traced_demo
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 
-HARDER = ["droid"]  # the npm harnesses of issue 44 landed so far
+HARDER = ["droid", "openclaw"]  # the npm harnesses of issue 44
 
 
 def ready(harness: str):
@@ -163,3 +163,140 @@ def test_droid_unreachable_endpoint_is_named_from_its_loop_not_its_exit_summary(
     assert dead.error_kind == "endpoint_unreachable" and dead.error == "Connection error." and dead.model_calls == 0
     crashed = get_harness("droid").parse_events(droid_record(stream=stream[1:]))
     assert crashed.error_kind == "agent_crashed" and crashed.error == "Exec failed"
+
+
+# -- OpenClaw ------------------------------------------------------------------------------------------------------
+OPENCLAW_CONFIG = "/home/agent/openclaw-config.json"
+
+
+def test_openclaw_config_is_pinned_to_the_capture_with_the_file_and_shell_tools_only():
+    h = get_harness("openclaw")
+    files = h.config_files(CFG, "sgk-secret", "fix it")
+    cmd = h.command(CFG)
+    secret_only_in_the_env_file(files, cmd)
+    conf = json.loads(files[OPENCLAW_CONFIG][0])
+    assert conf["models"] == {
+        "mode": "replace",  # our provider only: no discovery of others
+        "providers": {
+            "capture": {
+                "baseUrl": "http://127.0.0.1:9/capture/v1",
+                "apiKey": "${SWE_GYM_CAPTURE_KEY}",
+                "api": "openai-completions",
+                "models": [
+                    {
+                        "id": "Qwen/Qwen3-8B",
+                        "name": "capture",
+                        "contextWindow": 32768,
+                        "maxTokens": 512,
+                        "input": ["text"],
+                        "reasoning": False,
+                    }
+                ],
+            }
+        },
+    }
+    assert conf["tools"] == {
+        "profile": "coding",
+        "allow": ["read", "write", "edit", "apply_patch", "exec", "process", "ls"],
+        "toolSearch": False,
+    }
+    assert conf["update"] == {"checkOnStart": False}
+    assert conf["agents"]["defaults"]["compaction"]["memoryFlush"] == {"enabled": False}  # no model call of its own
+    assert files["/home/agent/.capture.env"][0] == b"SWE_GYM_CAPTURE_KEY=sgk-secret\n"
+    assert cmd.index("(OPENCLAW_[A-Za-z0-9_]*") < cmd.index("export OPENCLAW_HOME=/home/agent/.openclaw-home")
+    assert "OPENCLAW_NO_AUTO_UPDATE=1 TMPDIR=/home/agent/.openclaw-home/tmp" in cmd
+    run = next(line for line in cmd.splitlines() if "openclaw.mjs agent exec" in line)
+    assert run.startswith(
+        "/opt/swe-gym-agent/node/bin/node /opt/swe-gym-agent/openclaw/node_modules/openclaw/openclaw.mjs "
+    )
+    assert f"--config {OPENCLAW_CONFIG} --state-dir /home/agent/.openclaw-state " in run
+    assert "--model Qwen/Qwen3-8B" not in run and "--model capture/Qwen/Qwen3-8B " in run
+    assert "--message-file /home/agent/prompt.txt" in run and "--json" in run
+    # its SQLite transcript dumped by the bundle's own Node, while it runs and after
+    assert "/opt/swe-gym-agent/node/bin/node /home/agent/openclaw-dump.mjs " in cmd
+
+
+@pytest.mark.parametrize(
+    ("api", "base", "dialect"),
+    [
+        ("openai-completions", "/capture/v1", "openai-chat"),
+        ("openai-responses", "/capture/v1", "openai-responses"),
+        ("anthropic-messages", "/capture", "anthropic-messages"),
+        ("google-generative-ai", "/capture/v1beta", "gemini"),
+    ],
+)
+def test_openclaw_speaks_each_provider_api_to_the_capture(api, base, dialect):
+    from swe_gym_env.server.agents.harnesses.pi_apis import PI_APIS
+    from swe_gym_env.wire import HARNESS_OPTIONS, RolloutRequest
+
+    assert RolloutRequest(harness="openclaw", harness_options={"api": api}).harness_options == {"api": api}
+    assert HARNESS_OPTIONS["openclaw"]["api"] == tuple(PI_APIS) and PI_APIS[api] == dialect
+    cfg = AgentConfig(**{**CFG.__dict__, "options": {"api": api}})
+    conf = json.loads(get_harness("openclaw").config_files(cfg, "sgk-secret", "fix it")[OPENCLAW_CONFIG][0])
+    assert conf["models"]["providers"]["capture"]["api"] == api
+    assert conf["models"]["providers"]["capture"]["baseUrl"] == f"http://127.0.0.1:9{base}"
+
+
+def test_openclaw_record_is_its_transcript_then_its_envelope():
+    def reply(*content: dict, output: int, stop: str = "toolUse") -> dict:
+        usage = {"input": 10, "output": output, "totalTokens": 10 + output}
+        msg = {"role": "assistant", "content": list(content), "usage": usage, "stopReason": stop}
+        return {"type": "message", "id": "m", "message": msg}
+
+    events = [
+        {"type": "session", "version": 4, "id": "s1", "cwd": "/testbed"},
+        {"type": "message", "message": {"role": "user", "content": "fix it"}},
+        reply({"type": "toolCall", "id": "call_1", "name": "edit", "arguments": {}}, output=217),
+        {"type": "message", "message": {"role": "toolResult", "toolCallId": "call_1", "content": []}},
+        {"type": "compaction", "summary": "…", "firstKeptEntryId": "m"},
+        reply({"type": "toolCall", "id": "call_2|fc_9", "name": "exec", "arguments": {}}, output=30),  # Responses
+        reply({"type": "text", "text": "done"}, output=9, stop="stop"),
+        {"ok": True, "status": "ok", "final": "done", "assistantTurns": 3},
+    ]
+    out = get_harness("openclaw").parse_events("".join(json.dumps(e) + "\n" for e in events))
+    assert [(s.completion_tokens, s.tool_call_ids) for s in out.steps] == [
+        (217, ("call_1",)),
+        (None, ()),
+        (30, ("call_2",)),
+        (9, ()),
+    ]
+    assert out.error_kind is None
+
+
+def test_openclaw_failures_come_from_its_transcript_or_its_envelope():
+    refused = {
+        "type": "message",
+        "message": {"role": "assistant", "content": [], "stopReason": "error", "errorMessage": "Connection error."},
+    }
+    envelope = {"ok": False, "status": "error", "error": {"message": "Connection error.", "kind": "model"}}
+    dead = get_harness("openclaw").parse_events(json.dumps(refused) + "\n" + json.dumps(envelope) + "\n")
+    assert dead.error_kind == "endpoint_unreachable" and dead.model_calls == 0
+    bad_config = {"ok": False, "status": "error", "error": {"message": "Invalid config at /home/agent/openclaw.json"}}
+    crashed = get_harness("openclaw").parse_events(json.dumps(bad_config) + "\n")
+    assert crashed.error_kind == "agent_crashed" and "Invalid config" in (crashed.error or "")
+
+
+def test_openclaw_bundle_patch_finds_each_fixed_tmp_path(tmp_path):
+    """Its fixed /tmp paths follow $TMPDIR once patched (minified and plain chunks alike); a build whose package no
+    longer has one of them fails instead of making a bundle `landlock` cannot start."""
+    from swe_gym_env.server.agents.harnesses.openclaw import PATCHED, patch_tmp
+
+    dist = tmp_path / "openclaw" / "dist"
+    (dist / "worker").mkdir(parents=True)
+    (dist / "worker" / "w.mjs").write_text(
+        "p=Ot.preferredDir??`/tmp/openclaw`;q=win?path.join(os.homedir(),`AppData`,`Local`,`OpenClaw`,`locks`):`/tmp`:x"
+    )
+    (dist / "a.js").write_text(
+        'return win ? path.join(os.homedir(), "AppData", "Local", "OpenClaw", "locks") : "/tmp";\n'
+        'DEFAULT_POSIX_TMP_ROOT = "/tmp/openclaw";\n'
+    )
+    patch_tmp(dist.parent)
+    text = (dist / "worker" / "w.mjs").read_text() + (dist / "a.js").read_text()
+    assert '"/tmp/openclaw"' not in text and "`/tmp/openclaw`" not in text and ': "/tmp";' not in text
+    assert text.count('(process.env.TMPDIR||"/tmp")') == 4 and (dist.parent / PATCHED).is_file()
+    patch_tmp(dist.parent)  # once: the install is kept between builds
+    (dist.parent / PATCHED).unlink()
+    (dist / "a.js").write_text("nothing to patch\n")
+    (dist / "worker" / "w.mjs").write_text("nor here\n")
+    with pytest.raises(AgentError, match="/tmp paths were not all found"):
+        patch_tmp(dist.parent)

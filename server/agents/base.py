@@ -273,12 +273,12 @@ def jsonl_objects(text: str) -> Iterator[dict]:
             yield ev
 
 
-def run_and_collect(run: str, transcript_glob: str, events: str, every_s: float = 0.5) -> str:
+def run_and_collect(run: str, transcript_glob: str, events: str, every_s: float = 0.5, dump: str | None = None) -> str:
     """Shell that runs the agent (``run``, one line, in the background) and keeps ``events`` a copy of its session
     transcript(s) (``transcript_glob``, unquoted so the shell expands it) while it runs and after it exits, so the
     pipeline reads the agent's own record at a fixed path even when it stops the agent early. Exits with the agent's
-    status."""
-    copy = f"cat {transcript_glob} > {events}.part 2>/dev/null; mv -f {events}.part {events}"
+    status. ``dump``: a command that prints the record instead (an agent whose record is a database)."""
+    copy = f"{dump or f'cat {transcript_glob}'} > {events}.part 2>/dev/null; mv -f {events}.part {events}"
     return (
         f"{run} &\n"
         "agent_pid=$!\n"
