@@ -29,7 +29,7 @@ HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "cline": {"api": ("openai-compatible", "openai-native", "anthropic")},  # harnesses/cline.py: APIS
     "kilocode": {"api": ("@ai-sdk/openai-compatible", "@ai-sdk/openai", "@ai-sdk/anthropic")},  # opencode.py: APIS
     "mistral-vibe": {"api": ("openai", "openai-responses", "anthropic")},  # harnesses/mistral_vibe.py: APIS
-    "terminus-2": {"parser": ("json", "xml")},  # harnesses/terminus2.py: PARSERS, its two reply formats
+    "terminus-2": {"parser": ("json", "xml"), "api": ("openai", "anthropic")},  # harnesses/terminus2.py: APIS
     "droid": {"api": ("generic-chat-completion-api", "openai", "anthropic")},  # harnesses/droid.py: APIS
     "hermes": {"api": ("chat_completions", "codex_responses", "anthropic_messages")},  # harnesses/hermes.py: APIS
     "openclaw": {  # harnesses/openclaw.py: its providers' `api`, Pi's (pi_apis.PI_APIS)

@@ -2,11 +2,11 @@
 brings, against the built-in engine's oracle (which answers in Terminus-2's JSON / XML keystroke format).
 
 End to end: the demo task on `local` under strace (the agent's process tree reaches only the capture relay: the
-watcher of tests/test_five_harnesses.py), cross-checked against its own ATIF trajectories; the XML reply format;
-`landlock` refused at validate (tmux makes its own pty and talks over a unix socket: neither exists there). Units:
-its trajectories read back (recorded from real runs: the demo, and a run stopped by the call budget), a summarization's
-calls put in their place, its configuration (the key only in the env file and litellm's memory), and the oracle's
-replies parsed by harbor's own parsers in the bundle's Python."""
+watcher of tests/test_five_harnesses.py), cross-checked against its own ATIF trajectories; the XML reply format and
+Anthropic Messages; `landlock` refused at validate (tmux makes its own pty and talks over a unix socket: neither
+exists there). Units: its trajectories read back (recorded from real runs: the demo, a run stopped by the call budget,
+a reply cut at max_tokens), a summarization's calls put in their place, its configuration (the key only in the env
+file and litellm's memory), and the oracle's replies parsed by harbor's own parsers in the bundle's Python."""
 
 from __future__ import annotations
 
@@ -91,16 +91,20 @@ def stack():
 @pytest.mark.anyio
 @pytest.mark.integration
 @pytest.mark.slow
-async def test_its_xml_reply_format_solves_the_task_too_and_landlock_is_refused_at_validate(
+async def test_its_xml_format_and_anthropic_messages_solve_the_task_too_and_landlock_is_refused(
     stack, need_sandbox, need_tokenizer
 ):
     built()
     async with SweGymClient(stack.mcp_url) as c:
         xml = await c.run_rollout(harness="terminus-2", harness_options={"parser": "xml"}, sandbox="local")
+        anthropic = await c.run_rollout(harness="terminus-2", harness_options={"api": "anthropic"}, sandbox="local")
         refused = await c.run_rollout(harness="terminus-2", sandbox="landlock")
     assert xml.ok and xml.reward == 1.0, xml.error
     assert xml.cross_check == "match", xml.cross_check_detail
     assert "<keystrokes" in str(xml.turns[0].response_message.get("content"))
+    assert anthropic.ok and anthropic.reward == 1.0, anthropic.error
+    assert anthropic.cross_check == "match", anthropic.cross_check_detail
+    assert {t.dialect for t in anthropic.turns} == {"anthropic-messages"}
     assert not refused.ok and refused.phase == "validate" and refused.reward is None
     assert "needs a pty its own process makes (a tmux server)" in (refused.error or ""), refused.error
 
@@ -180,18 +184,26 @@ def test_the_key_is_only_in_the_env_file_and_litellm_is_kept_offline():
     assert conf["model_info"]["max_input_tokens"] == 32768 and conf["model_info"]["max_output_tokens"] == 512
     # the key: out of the environment before tmux starts (its pane inherits it), into litellm's memory, never into
     # llm_kwargs (harbor writes those into its trajectory)
-    assert 'key = os.environ.pop("OPENAI_API_KEY", "")' in LAUNCHER and "litellm.openai_key = key" in LAUNCHER
-    assert "api_key" not in LAUNCHER and LAUNCHER.index('os.environ.pop("OPENAI_API_KEY"') < LAUNCHER.index("setup(")
+    assert 'key = os.environ.pop("OPENAI_API_KEY", "")' in LAUNCHER and "litellm.api_key = key" in LAUNCHER
+    assert "llm_kwargs=" not in LAUNCHER and LAUNCHER.index('os.environ.pop("OPENAI_API_KEY"') < LAUNCHER.index(
+        "setup("
+    )
     assert "LITELLM_LOCAL_MODEL_COST_MAP=True" in cmd and "LITELLM_TELEMETRY=False" in cmd
-    assert "unset OPENAI_BASE_URL OPENAI_API_BASE" in cmd and "TMUX_TMPDIR=/home/agent" in cmd
+    assert "unset OPENAI_BASE_URL OPENAI_API_BASE ANTHROPIC_API_KEY ANTHROPIC_BASE_URL" in cmd
+    assert "TMUX_TMPDIR=/home/agent" in cmd
     # harbor's own tmux install (apt-get, a download of tmux's source) is replaced: the bundle's tmux or a failure
     assert "t2.TmuxSession._attempt_tmux_installation = tmux_or_fail" in LAUNCHER
     assert "record_terminal_session=False" in LAUNCHER  # no asciinema (harbor would install it with pip)
     xml = h.config_files(dataclasses.replace(CFG, options={"parser": "xml"}), "k", "t")
     assert json.loads(xml["/home/agent/terminus-2-config.json"][0])["parser"] == "xml"
     assert RolloutRequest(harness="terminus-2", harness_options={"parser": "xml"}).harness_options == {"parser": "xml"}
-    with pytest.raises(ValueError):
-        RolloutRequest(harness="terminus-2", harness_options={"parser": "yaml"})
+    for bad in ({"parser": "yaml"}, {"api": "openai-responses"}):  # its Responses mode needs server-side state
+        with pytest.raises(ValueError):
+            RolloutRequest(harness="terminus-2", harness_options=bad)
+    anthropic = h.config_files(dataclasses.replace(CFG, options={"api": "anthropic"}), "k", "t")
+    conf = json.loads(anthropic["/home/agent/terminus-2-config.json"][0])
+    assert conf["model"] == "anthropic/Qwen/Qwen3-8B" and conf["api_base"] == "http://127.0.0.1:9/capture"
+    assert conf["model_info"]["litellm_provider"] == "anthropic"
 
 
 def test_it_needs_a_pty_of_its_own_making_and_states_its_minimum_context():

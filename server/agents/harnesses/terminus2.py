@@ -120,7 +120,7 @@ try:
     from harbor.environments.base import ExecResult
     from harbor.models.agent.context import AgentContext
     import litellm
-    litellm.openai_key = key  # its openai provider's key, in memory only (llm_kwargs would go into its trajectory)
+    litellm.api_key = key  # its providers' key, in memory only (llm_kwargs would go into its trajectory)
     t2.EnvironmentPaths.agent_dir = PurePosixPath(logs_dir)  # its pane log (`pipe-pane`) beside its trajectories
 
     async def tmux_or_fail(self):
@@ -200,6 +200,13 @@ QUIET = {  # what litellm honours: no cost-map fetch, no telemetry
     "DO_NOT_TRACK": "1",
 }
 PARSERS = ("json", "xml")  # harness option `parser`: Terminus-2's two reply formats
+# harness option `api`: how its litellm speaks to /capture -> (the capture dialect, litellm's provider, base suffix).
+# Not its Responses mode: it chains calls by `previous_response_id` (state kept by the server), which /capture does
+# not keep (measured: refused at the second call)
+APIS = {
+    "openai": ("openai-chat", "openai", "/v1"),
+    "anthropic": ("anthropic-messages", "anthropic", ""),
+}
 
 
 class Terminus2Harness(DebianPythonAgent):
@@ -226,7 +233,7 @@ class Terminus2Harness(DebianPythonAgent):
     )
     launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, QUIET
     # what litellm's openai provider would take over ours
-    unset: ClassVar[tuple[str, ...]] = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
+    unset: ClassVar[tuple[str, ...]] = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
     events_path = EVENTS
     log_path = LOG
 
@@ -250,9 +257,11 @@ class Terminus2Harness(DebianPythonAgent):
         return {**super().bundle_contents(artifacts), TMUX: root / TMUX, "bin/tmux": root / "bin" / "tmux"}
 
     def config(self, cfg: AgentConfig, prompt: str) -> dict:
+        api = cfg.options.get("api", "openai")
+        _, provider, suffix = APIS[api]
         return {
-            "model": f"openai/{cfg.model}",
-            "api_base": cfg.base_url.rstrip("/") + "/v1",
+            "model": f"{provider}/{cfg.model}",
+            "api_base": cfg.base_url.rstrip("/") + suffix,
             "parser": cfg.options.get("parser", "json"),
             # the budget, plus the one call the proxy answers with its budget reply (0: its own default, no limit)
             "max_turns": cfg.max_calls + 1 if cfg.max_calls > 0 else None,
@@ -262,7 +271,7 @@ class Terminus2Harness(DebianPythonAgent):
                 "max_output_tokens": int(cfg.max_tokens),
                 "input_cost_per_token": 0.0,
                 "output_cost_per_token": 0.0,
-                "litellm_provider": "openai",
+                "litellm_provider": provider,
                 "mode": "chat",
             },
             "task": prompt,
