@@ -247,3 +247,23 @@ def test_hermes_record_gives_a_step_per_call_with_its_completion_tokens():
 def test_hermes_record_of_an_unreachable_endpoint():
     out = get_harness("hermes").parse_events((FIXTURES / "hermes-agent-log-unreachable.txt").read_text())
     assert out.model_calls == 0 and out.error_kind == "endpoint_unreachable", out.error
+
+
+@pytest.mark.parametrize("api", ["codex_responses", "anthropic_messages"])
+def test_hermes_other_dialects_go_through_a_named_provider_with_its_api_mode(api):
+    import dataclasses
+
+    import yaml
+
+    from swe_gym_env.wire import HARNESS_OPTIONS
+
+    assert api in HARNESS_OPTIONS["hermes"]["api"]
+    cfg = dataclasses.replace(CFG, options={"api": api})
+    conf = yaml.safe_load(
+        get_harness("hermes").config_files(cfg, "sgk-secret", "fix it")["/home/agent/.hermes-home/config.yaml"][0]
+    )
+    base = "http://127.0.0.1:9/capture" + ("/v1" if api == "codex_responses" else "")  # Anthropic's SDK adds /v1
+    assert conf["model"]["provider"] == "custom:capture" and "base_url" not in conf["model"]
+    assert conf["providers"] == {
+        "capture": {"base_url": base, "api_key": "${OPENAI_API_KEY}", "api_mode": api, "default_model": "Qwen/Qwen3-8B"}
+    }

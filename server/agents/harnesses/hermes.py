@@ -1,8 +1,12 @@
 """Hermes Agent (`hermes-agent` on PyPI), run headless: `hermes chat -q … -Q --yolo --max-turns N` on its bundle's own
-Python 3.11, OpenAI chat through its `custom` provider (the capture's `/v1`).
+Python 3.11, OpenAI chat through its `custom` provider (the capture's `/v1`); OpenAI Responses or Anthropic Messages
+with the harness option `api` (its `api_mode`, on a named provider `custom:capture`: a plain `custom` one speaks chat
+only).
 
 Bundle: the host's CPython 3.11 made relocatable (`pyagent.HostPythonAgent`, as mini-swe-agent's and Aider's), with
-its packages (`PINS`: pip's resolution of `hermes-agent==0.19.0`, which pins most of them itself).
+its packages (`PINS`: pip's resolution of `hermes-agent==0.19.0`, which pins most of them itself, plus `anthropic`
+for its Anthropic Messages mode: 0.125.0, the last on `httpx`; 1.x and 2.x are on `httpx2`, where the `httpx.Timeout`
+its client passes fails).
 
 Configuration: `$HERMES_HOME/config.yaml` (a private `HERMES_HOME`): `model: {provider: custom, base_url, api_key,
 default, context_length, max_tokens}`; the key is `${OPENAI_API_KEY}` in it, expanded by Hermes from its environment
@@ -54,6 +58,14 @@ LAUNCH = f"{AGENT_HOME}/hermes-launch.py"
 PROMPT = f"{AGENT_HOME}/prompt.txt"
 MIN_CONTEXT = 65536  # agent/model_metadata.py: MINIMUM_CONTEXT_LENGTH (64K): it refuses a model with less
 TOOLSETS = "terminal,file,todo"
+# its API modes that /capture speaks (harness option `api`, its `model.api_mode`) -> (the capture dialect, what its
+# `base_url` ends with: the OpenAI client appends /chat/completions or /responses, the Anthropic one /v1/messages)
+APIS = {
+    "chat_completions": ("openai-chat", "/v1"),
+    "codex_responses": ("openai-responses", "/v1"),
+    "anthropic_messages": ("anthropic-messages", ""),
+}
+DEFAULT_API = "chat_completions"
 UNREACHABLE = ("connection", "connect", "unreachable", "timed out", "timeout", "name or service")
 
 PINS: tuple[str, ...] = tuple(
@@ -66,7 +78,8 @@ PINS: tuple[str, ...] = tuple(
     python-dotenv==1.2.2 python-multipart==0.0.34 pytz==2026.6 pyyaml==6.0.3 requests==2.33.0 rich==14.3.3
     ruamel.yaml==0.18.17 ruamel.yaml.clib==0.2.15 sniffio==1.3.1 socksio==1.0.0 starlette==1.10.0 tenacity==9.1.4
     termcolor==3.3.0 tqdm==4.70.1 typing-inspection==0.4.5 typing-extensions==4.16.0 tzdata==2026.6 urllib3==2.8.0
-    uvicorn==0.55.0 uvloop==0.23.0 watchfiles==1.3.0 wcwidth==0.9.5 websockets==15.0.1""".split()
+    uvicorn==0.55.0 uvloop==0.23.0 watchfiles==1.3.0 wcwidth==0.9.5 websockets==15.0.1
+    anthropic==0.125.0 docstring-parser==0.18.0""".split()
 )
 # its CLI with the socket audit first; the prompt from a file (the command line names it); its price lookup after
 # each call (a GET of the endpoint's /v1/models, and of /api/v1/models, /api/tags, ... to tell its kind) taken out
@@ -105,19 +118,25 @@ class HermesHarness(HostPythonAgent):
     log_path = LOG
 
     def config_text(self, cfg: AgentConfig, prompt: str) -> bytes:
-        config = {
-            "model": {
-                "provider": "custom",
-                "base_url": cfg.base_url.rstrip("/") + "/v1",
-                "api_key": "${OPENAI_API_KEY}",  # expanded by Hermes from its environment
-                "default": cfg.model,
-                "context_length": int(cfg.context_window),
-                "max_tokens": int(cfg.max_tokens),
-                "ollama_num_ctx": 0,  # given: no probe of the endpoint for Ollama's
-            },
-            "agent": {"max_turns": max_turns(cfg)},
-            "security": {"tirith_enabled": False},
+        api = cfg.options.get("api", DEFAULT_API)
+        endpoint = {
+            "base_url": cfg.base_url.rstrip("/") + APIS[api][1],
+            "api_key": "${OPENAI_API_KEY}",  # expanded by Hermes from its environment
         }
+        model = {
+            "provider": "custom",
+            **endpoint,
+            "default": cfg.model,
+            "context_length": int(cfg.context_window),
+            "max_tokens": int(cfg.max_tokens),
+            "ollama_num_ctx": 0,  # given: no probe of the endpoint for Ollama's
+        }
+        config: dict = {"model": model}
+        if api != DEFAULT_API:  # a plain `custom` provider speaks chat only: a named one takes an api_mode
+            model = {k: v for k, v in model.items() if k not in endpoint} | {"provider": "custom:capture"}
+            config["model"] = model
+            config["providers"] = {"capture": {**endpoint, "api_mode": api, "default_model": cfg.model}}
+        config.update(agent={"max_turns": max_turns(cfg)}, security={"tirith_enabled": False})
         return json.dumps(config, indent=2).encode()  # JSON is YAML
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
