@@ -77,6 +77,7 @@ RUN if [ -n "$SWE_GYM_VLLM_MODEL" ]; then \
 ARG SETUP_SRC=/home/user/setup-src/swe_gym_env
 COPY --chown=user __init__.py cli.py wire.py ${SETUP_SRC}/
 COPY --chown=user core/ ${SETUP_SRC}/core/
+COPY --chown=user trace/ ${SETUP_SRC}/trace/
 COPY --chown=user server/__init__.py ${SETUP_SRC}/server/
 COPY --chown=user server/engine/__init__.py server/engine/certify.py server/engine/vllm_launcher.py ${SETUP_SRC}/server/engine/
 COPY --chown=user server/templates/ ${SETUP_SRC}/server/templates/

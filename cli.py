@@ -141,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from swe_gym_env.server.rollout import ServerConfig
     from swe_gym_env.server.rollout.config import default_engine
     from swe_gym_env.server.sandbox.preflight import preflight_all, summary_lines
+    from swe_gym_env.ui import ui_mount
 
     def log(line: str) -> None:
         print(f"swe-gym-env serve: {line}", file=sys.stderr, flush=True)
@@ -154,7 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         given = EngineTarget(*vllm) if vllm else flags  # vLLM's (no key), else the flags' (with the settings' key)
         with builtin_unless_configured(DEFAULT_MODEL, log, given) as started:
             config = ServerConfig.from_env(engine=started or default_engine(args.engine_url, args.engine_model))
-            serving.run(create_app(config), host=args.host, port=args.port)  # connection limits
+            serving.run(create_app(config, mount=ui_mount()), host=args.host, port=args.port)  # connection limits
     return 0
 
 

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -166,3 +166,18 @@ def side_python(venv: str) -> Path | None:
     root = checkout_dir()
     python = root / venv / "bin" / "python" if root is not None else None
     return python if python is not None and python.is_file() else None
+
+
+def system_binds(etc_files: Iterable[str]) -> list[str]:
+    """bwrap arguments for the host's system files a box sees read-only: /usr, the /bin, /lib, /lib64 and /sbin links
+    (or dirs) and the given /etc files (those that exist)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        p = Path("/") / link
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.exists():
+            args += ["--ro-bind", str(p), str(p)]
+    for name in etc_files:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return args

@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -24,7 +25,6 @@ from fastmcp.server.http import StarletteWithLifespan
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from swe_gym_env.core.settings import setting
 from swe_gym_env.core.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.server.capture import CaptureProxy
 from swe_gym_env.server.capture.store import CaptureStore
@@ -51,6 +51,7 @@ from swe_gym_env.server.security import (
 from swe_gym_env.wire import RolloutStatus
 
 CAPTURE_DIR_PREFIX = "swe-gym-capture-"
+Mounter = Callable[[FastAPI, RolloutService], None]
 
 
 async def _serve_capture(
@@ -91,9 +92,10 @@ async def _stop(server: uvicorn.Server) -> None:
         await asyncio.wait_for(server._task, 5)  # type: ignore[attr-defined]
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+def create_app(config: ServerConfig, mount: Mounter | None = None) -> FastAPI:
     """The app: /health and the result routes, OpenEnv's routes, /capture (with its admin routes), the UI where it is
-    on, and /mcp; the lifespan starts the capture-only listeners, the reapers and retention."""
+    on, and /mcp; the lifespan starts the capture-only listeners, the reapers and retention. ``mount``: a surface
+    mounted on the app before the catch-all at "/" (the UI: `swe_gym_env.ui.ui_mount`; this module never imports it)."""
     capture = CaptureProxy(CaptureStore(config.capture_db) if config.capture_db else None)
     service = RolloutService(config, capture)
     mcp = build_mcp(service)
@@ -106,10 +108,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     install_openenv_routes(app, mcp, service)
     app.add_middleware(BodySizeLimit)  # SWE_GYM_MAX_REQUEST_BYTES; websockets bound their own messages
     app.mount("/capture", capture.app(admin=True))
-    if setting("ui"):  # the Gradio UI at /web, and "/" redirecting there (SWE_GYM_UI); gradio loads only then
-        from swe_gym_env.ui import mount_ui
-
-        mount_ui(app, service)
+    if mount is not None:
+        mount(app, service)
     app.mount("/", wrap_mcp_app(app, mcp_app))
     return app
 

@@ -16,7 +16,7 @@ A Space duplicated in the browser never runs as an open relay.
   but no admin key, admin routes are closed.
 - ``SWE_GYM_OPEN_ACCESS=1``: an exposed server with neither secret is open (anyone may start work and administer).
 - ``SWE_GYM_BIND_HOST``: the address the server listens on where no ``serve --host`` says it (a server started by
-  other means, e.g. ``uvicorn swe_gym_env.server.asgi:app``); unset means loopback.
+  other means, e.g. ``uvicorn swe_gym_env.asgi:app``); unset means loopback.
 - ``SWE_GYM_PUBLIC_READS=1``: rollouts (listings, results, the UI's rollout, history and live views) readable by
   anyone. Without it, reading a rollout needs what starting one needs (``read_refusal``): the access token where one
   is configured, nothing on an open server, and nobody on a locked one. Results hold a model's captured outputs and

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from swe_gym_env.core.assets import RUNTIME_MOUNT, cache_dir, task_runtime_dir
-from swe_gym_env.core.procs import file_lock
+from swe_gym_env.core.procs import file_lock, system_binds
 from swe_gym_env.tasks.models import InstallConfig, Task
 
 ENVS_MOUNT = f"{RUNTIME_MOUNT}/envs"  # RUNTIME_MOUNT: where `local` and docker's default image mount task_runtime_dir()
@@ -221,15 +221,7 @@ def _bwrap_argv(env_dir: Path, mount: str, clone: Path | None, workdir: str, pip
     if bwrap is None:
         raise EnvError("bubblewrap is not installed: `apt-get install bubblewrap` (task environments build in it)")
     args = [bwrap, "--die-with-parent", "--unshare-all", "--share-net", "--new-session", "--cap-drop", "ALL"]
-    args += ["--ro-bind", "/usr", "/usr"]
-    for link in ("bin", "lib", "lib64", "sbin"):
-        p = Path("/") / link
-        if p.is_symlink():
-            args += ["--symlink", os.readlink(p), str(p)]
-        elif p.exists():
-            args += ["--ro-bind", str(p), str(p)]
-    for name in ETC_FILES:
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    args += system_binds(ETC_FILES)
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     base = str(Path(sys.base_prefix).resolve())
     args += ["--ro-bind", base, base, "--bind", str(env_dir), mount, "--bind", str(pip_cache), "/tmp/pip-cache"]

@@ -25,6 +25,12 @@ def _single_lines(v: list[str], what: str, limit: int = 2000) -> list[str]:
     return v
 
 
+def _one_line(v: str | None, message: str = "must be a single line") -> str | None:
+    if v is not None and ("\n" in v or "\0" in v):
+        raise ValueError(message)
+    return v
+
+
 # A requirement string starts with a distribution name (then extras, specifiers, a marker or `@ URL`); never "-":
 # pip_packages go to pip as argv items, so a leading dash would be an option.
 REQUIREMENT_RE = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?)(?=$|[\s\[<>=!~;@])")
@@ -84,9 +90,7 @@ class InstallConfig(BaseModel):
     @field_validator("install")
     @classmethod
     def _install(cls, v: str | None) -> str | None:
-        if v is not None and ("\n" in v or "\0" in v):
-            raise ValueError("install must be a single line")
-        return v or None
+        return _one_line(v, "install must be a single line") or None
 
     def requirement_names(self) -> list[str]:
         """The distribution names `pip_packages` declares (what must be importable metadata in the env)."""
@@ -151,9 +155,7 @@ class Task(BaseModel):
     @field_validator("env_activation", "test_cmd")
     @classmethod
     def _one_line(cls, v: str | None) -> str | None:
-        if v is not None and ("\n" in v or "\0" in v):
-            raise ValueError("must be a single line")
-        return v
+        return _one_line(v)
 
     @field_validator("setup_commands")
     @classmethod

@@ -4,6 +4,7 @@ the light modules load at run time, the one list of harness and backend names, a
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -38,6 +39,43 @@ def test_import_contracts_are_kept():
     )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert f"Contracts: {len(contracts)} kept, 0 broken." in out.stdout, out.stdout[-3000:]
+
+
+def _function_level_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every `from swe_gym_env... import` inside a function."""
+    found = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("swe_gym_env"):
+                    found.append((node.lineno, node.module or ""))
+    return found
+
+
+def test_no_import_inside_a_function_dodges_a_loop():
+    """An import inside a function is there for a heavy or optional dependency (gradio, transformers), never to
+    hide a cycle: for every one, the module it imports does not import, through any chain, the module it sits in
+    (the graph import-linter builds, function-level imports included). The modules with such imports are listed."""
+    import grimp
+
+    graph = grimp.build_graph("swe_gym_env", cache_dir=None)
+    files = subprocess.run(
+        ["git", "ls-files", "-c", "-o", "--exclude-standard", "*.py"], cwd=REPO, capture_output=True, text=True
+    ).stdout.split()
+    lazy, loops = [], []
+    for f in files:
+        if f.startswith(("tests/", "tasks/bundled/", "scripts/")):
+            continue
+        mod = "swe_gym_env." + f[:-3].replace("/", ".").removesuffix(".__init__")
+        for line, target in _function_level_imports(ast.parse((REPO / f).read_text())):
+            if target not in graph.modules or target == mod or mod.startswith(target + "."):
+                continue
+            lazy.append(f"{f}:{line} {target}")
+            if graph.chain_exists(importer=target, imported=mod):
+                chain = graph.find_shortest_chain(importer=target, imported=mod)
+                loops.append(f"{f}:{line} imports {target} in a function, and {' -> '.join(chain or ())}")
+    assert lazy, "the scan found no function-level import at all: it is not reading the tree"
+    assert not loops, "\n".join(loops)
 
 
 def pyright_root() -> None:

@@ -212,9 +212,9 @@ def test_push_cli_dry_run_on_this_repo():
 def test_openenv_yaml_fields():
     m = yaml.safe_load((REPO / "openenv.yaml").read_text())
     assert m["spec_version"] == 1 and m["name"] == "swe_gym_env" and m["type"] == "space"
-    assert m["runtime"] == "fastapi" and m["app"] == "swe_gym_env.server.asgi:app"
+    assert m["runtime"] == "fastapi" and m["app"] == "swe_gym_env.asgi:app"
     module, attr = m["app"].split(":")
-    assert re.search(rf"^{attr} = ", (REPO / "server" / "asgi.py").read_text(), re.M) and module.endswith(".asgi")
+    assert re.search(rf"^{attr} = ", (REPO / "asgi.py").read_text(), re.M) and module.endswith(".asgi")
     front = yaml.safe_load((REPO / "space_app" / "README.md").read_text().split("---")[1])
     assert front["sdk"] == "docker" and "openenv" in front["tags"]
     assert m["port"] == front["app_port"] == 8000

@@ -12,6 +12,8 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fastapi import FastAPI
     from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -45,6 +47,14 @@ class FilesOff:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+def ui_mount() -> Callable[[FastAPI, RolloutService], None] | None:
+    """What the composition roots (`serve`, `swe_gym_env.asgi`) hand the app factory: the UI's mount where it is on
+    (SWE_GYM_UI, on by default), else None. Gradio is imported only when it is mounted."""
+    from swe_gym_env.core.settings import setting
+
+    return mount_ui if setting("ui") else None
 
 
 def mount_ui(app: FastAPI, service: RolloutService) -> None:

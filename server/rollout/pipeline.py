@@ -25,7 +25,7 @@ from swe_gym_env.server.rollout.config import ServerConfig
 from swe_gym_env.server.rollout.engines import Engines
 from swe_gym_env.server.rollout.record import RolloutFailure, RolloutRecord, RunState
 from swe_gym_env.server.rollout.runtime import Sockets
-from swe_gym_env.server.rollout.workspace import extract_diff, read_text, run_task_setup, task_spec
+from swe_gym_env.server.rollout.workspace import commit_workspace, extract_diff, read_text, run_task_setup, task_spec
 from swe_gym_env.server.sandbox.base import Sandbox, SandboxBase, SandboxError
 from swe_gym_env.server.sandbox.registry import backend_class, create_sandbox
 from swe_gym_env.tasks.catalog import PYPI_SPLIT, TaskNotFound, build_split, get_task, unbuilt
@@ -52,15 +52,8 @@ async def show_tests(sbx: Sandbox, task: Task) -> str:
     failing tests and its diff does not carry them (grading resets the test files and re-applies the patch anyway).
     Returns the commit to diff against."""
     await sbx.write_file("/tmp/.swe-gym-tests.patch", task.test_patch.encode())
-    r = await sbx.exec(
-        "git apply /tmp/.swe-gym-tests.patch && rm -f /tmp/.swe-gym-tests.patch && git add -A -- . && "
-        "git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q --allow-empty --no-verify "
-        "-m 'task tests' && git rev-parse HEAD",
-        timeout=120,
-    )
-    if not r.ok:
-        raise RolloutFailure("boot", f"the task's test patch does not apply in the workspace: {r.stderr[-300:]}")
-    return r.stdout.strip().splitlines()[-1]
+    apply = "git apply /tmp/.swe-gym-tests.patch && rm -f /tmp/.swe-gym-tests.patch && "
+    return await commit_workspace(sbx, "task tests", "the task's test patch does not apply in the workspace", apply)
 
 
 @contextlib.contextmanager

@@ -36,13 +36,19 @@ async def run_task_setup(sbx: Sandbox, task: Task) -> str:
     if not r.ok:
         why = "timed out" if r.timed_out else f"exit {r.exit_code}"
         raise RolloutFailure("boot", f"task setup commands failed ({why}): {r.stderr[-500:]}")
+    return await commit_workspace(sbx, "task setup", "could not record the state after task setup")
+
+
+async def commit_workspace(sbx: Sandbox, message: str, failure: str, before: str = "") -> str:
+    """Run ``before`` (shell, may be empty), then commit everything in the workspace as ``message``; returns the
+    commit, which the agent's diff is taken against. A failure is the boot phase's, saying ``failure``."""
     r = await sbx.exec(
-        "git add -A -- . && git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q "
-        "--allow-empty --no-verify -m 'task setup' && git rev-parse HEAD",
+        f"{before}git add -A -- . && git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q "
+        f"--allow-empty --no-verify -m {shlex.quote(message)} && git rev-parse HEAD",
         timeout=120,
     )
     if not r.ok:
-        raise RolloutFailure("boot", f"could not record the state after task setup: {r.stderr[-300:]}")
+        raise RolloutFailure("boot", f"{failure}: {r.stderr[-300:]}")
     return r.stdout.strip().splitlines()[-1]
 
 

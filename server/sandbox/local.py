@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from swe_gym_env.core import procs
 from swe_gym_env.core.assets import RUNTIME_MOUNT, package_file, task_runtime_dir
 from swe_gym_env.core.tempdirs import owned_dir, reap_orphans
 from swe_gym_env.server.sandbox import cgroups, pristine
@@ -74,16 +75,7 @@ def relay_prefix(python: str) -> str:
 def system_binds() -> list[str]:
     """bwrap arguments for the host's system files a sandbox sees read-only: /usr, the /bin, /lib, /lib64 and /sbin
     links (or dirs) and the few /etc files in ETC_FILES."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for link in ("bin", "lib", "lib64", "sbin"):
-        p = Path("/") / link
-        if p.is_symlink():
-            args += ["--symlink", os.readlink(p), str(p)]
-        elif p.exists():
-            args += ["--ro-bind", str(p), str(p)]
-    for name in ETC_FILES:
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    return args
+    return procs.system_binds(ETC_FILES)
 
 
 def _reap_orphans() -> list[str]:
