@@ -3,7 +3,7 @@
 Results at any size (issue 34): over MCP `tools/call`, `run_rollout` and `get_rollout` answer in the `summary` form
 by default (`wire.ResultSummary`: what a caller decides on, counts, and resource links), bounded whatever the
 rollout's length; the whole result is read with `resources/read` of `swe-gym://rollouts/{id}/result` and its pages
-(`server.result_pages`), or over HTTP (`GET /rollouts/{id}/result`). A `compact` or `full` result asked for over MCP
+(`server.results.pages`), or over HTTP (`GET /rollouts/{id}/result`). A `compact` or `full` result asked for over MCP
 that would not fit comes back as the summary with a note saying so, never as a failed call. OpenEnv's websocket and
 JSON-RPC bridge call these tools in process with the `compact` default (`result_form_default`), unchanged.
 

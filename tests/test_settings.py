@@ -1,4 +1,4 @@
-"""The one settings model (swe_gym_env/settings.py): every SWE_GYM_* name the code uses is in it (or internal), bad
+"""The one settings model (swe_gym_env/core/settings.py): every SWE_GYM_* name the code uses is in it (or internal), bad
 values stop the CLI before anything starts, misspelt names warn, `swe-gym-env config` tells values and sources and
 never shows a secret, docs/configuration.md is what the generator prints."""
 

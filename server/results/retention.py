@@ -62,7 +62,7 @@ class RetentionSettings:
 
     @classmethod
     def from_env(cls) -> RetentionSettings:
-        s = setting  # SWE_GYM_RETENTION_* (swe_gym_env/settings.py); a bad value names its variable
+        s = setting  # SWE_GYM_RETENTION_* (swe_gym_env/core/settings.py); a bad value names its variable
         return cls(
             max_age_s=s("retention_max_age_h") * 3600,
             results_max_bytes=s("retention_results_bytes"),

@@ -219,7 +219,7 @@ class ResultsStore:
 
     # -- reading --------------------------------------------------------------------------------------------------
     def path_of(self, rollout_id: str) -> Path | None:
-        """The stored result file of a finished rollout (read it in pieces: `server.result_pages`), or None."""
+        """The stored result file of a finished rollout (read it in pieces: `server.results.pages`), or None."""
         if not ROLLOUT_ID.fullmatch(rollout_id):
             return None
         path = self.root / f"{rollout_id}.json"
