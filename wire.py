@@ -32,6 +32,7 @@ HARNESS_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "terminus-2": {"parser": ("json", "xml"), "api": ("openai", "anthropic")},  # harnesses/terminus2.py: APIS
     "droid": {"api": ("generic-chat-completion-api", "openai", "anthropic")},  # harnesses/droid.py: APIS
     "hermes": {"api": ("chat_completions", "codex_responses", "anthropic_messages")},  # harnesses/hermes.py: APIS
+    "aider": {"api": ("openai", "anthropic")},  # harnesses/aider.py: APIS (litellm's providers)
     "openclaw": {  # harnesses/openclaw.py: its providers' `api`, Pi's (pi_apis.PI_APIS)
         "api": ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai")
     },

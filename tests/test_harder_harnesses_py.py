@@ -267,3 +267,21 @@ def test_hermes_other_dialects_go_through_a_named_provider_with_its_api_mode(api
     assert conf["providers"] == {
         "capture": {"base_url": base, "api_key": "${OPENAI_API_KEY}", "api_mode": api, "default_model": "Qwen/Qwen3-8B"}
     }
+
+
+def test_aider_on_anthropic_messages_through_litellm_with_the_key_only_in_its_environment():
+    import dataclasses
+
+    from swe_gym_env.wire import HARNESS_OPTIONS
+
+    assert HARNESS_OPTIONS["aider"]["api"] == ("openai", "anthropic")
+    cfg = dataclasses.replace(CFG, options={"api": "anthropic"})
+    h = get_harness("aider")
+    files, cmd = h.config_files(cfg, "sgk-secret", "fix it"), h.command(cfg)
+    secret_only_in_the_env_file(files, cmd)
+    run = next(line for line in cmd.splitlines() if "--message-file" in line)
+    assert "--model anthropic/Qwen/Qwen3-8B --set-env ANTHROPIC_API_BASE=http://127.0.0.1:9/capture " in run
+    assert "--openai-api-base" not in run
+    assert 'export ANTHROPIC_API_KEY="$OPENAI_API_KEY"' in cmd  # from the env file, into its environment only
+    meta = json.loads(files["/home/agent/aider-model-metadata.json"][0])
+    assert meta["anthropic/Qwen/Qwen3-8B"]["litellm_provider"] == "anthropic"

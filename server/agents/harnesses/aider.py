@@ -1,5 +1,6 @@
 """Aider (`aider-chat` on PyPI), run headless: `aider --message-file … --yes-always` on its bundle's own Python 3.11,
-OpenAI chat through litellm (`openai/<model>`, the capture's `/v1`).
+OpenAI chat through litellm (`openai/<model>`, the capture's `/v1`); Anthropic Messages with the harness option `api`
+(`anthropic/<model>`, the capture's root in `ANTHROPIC_API_BASE`, the key from the env file as `ANTHROPIC_API_KEY`).
 
 Aider is an editor, not a tool-calling loop: its requests carry no tools; its system prompt asks for the edits as
 SEARCH/REPLACE blocks in the reply text (its `diff` edit format, set for our model), which it applies to the work
@@ -57,6 +58,13 @@ METADATA = f"{AGENT_HOME}/aider-model-metadata.json"
 PRICES = f"{AGENT_HOME}/.aider/caches/model_prices_and_context_window.json"  # its price-table cache (24 h)
 LAUNCH = f"{AGENT_HOME}/aider-launch.py"
 PROMPT = f"{AGENT_HOME}/prompt.txt"
+# litellm's providers that /capture speaks (harness option `api`) -> (the capture dialect, what the base URL ends with,
+# how Aider is told it: OpenAI's by its own switch, Anthropic's through the environment litellm reads)
+APIS = {
+    "openai": ("openai-chat", "/v1", "--openai-api-base"),
+    "anthropic": ("anthropic-messages", "", "--set-env ANTHROPIC_API_BASE="),
+}
+DEFAULT_API = "openai"
 UNREACHABLE = ("connection error", "connect", "unreachable", "timed out", "timeout", "name or service")
 
 # aider-chat 0.86.2's own exact pins (its Requires-Dist for Python >= 3.10), less scipy (its repo map's PageRank)
@@ -155,14 +163,21 @@ class AiderHarness(HostPythonAgent):
     install_inputs: ClassVar[tuple[str, ...]] = (*pyruntime.recipe(), *PINS)
     bundle_inputs: ClassVar[tuple[str, ...]] = (*install_inputs, *(f"prune {p}" for p in PRUNED))
     bundle_probe: ClassVar[str] = f"{pyruntime.python_command('.')} -c 'import ssl, pydantic_core, yaml'"
-    unset: ClassVar[tuple[str, ...]] = ("OPENAI_API_BASE", "OPENAI_BASE_URL")
+    # what litellm's providers would take over our command line (their endpoints; Anthropic's key: ours, if any)
+    unset: ClassVar[tuple[str, ...]] = (
+        "OPENAI_API_BASE",
+        "OPENAI_BASE_URL",
+        "ANTHROPIC_API_BASE",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+    )
     unset_prefix: ClassVar[str] = "AIDER_"  # its environment config layer: none of the image's reaches it
     launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, SETTINGS, NET, QUIET
     events_path = EVENTS
     log_path = LOG
 
     def model(self, cfg: AgentConfig) -> str:
-        return f"openai/{cfg.model}"
+        return f"{cfg.options.get('api', DEFAULT_API)}/{cfg.model}"
 
     def config_text(self, cfg: AgentConfig, prompt: str) -> bytes:
         settings = {
@@ -182,7 +197,7 @@ class AiderHarness(HostPythonAgent):
             "max_output_tokens": int(cfg.max_tokens),
             "input_cost_per_token": 0.0,
             "output_cost_per_token": 0.0,
-            "litellm_provider": "openai",
+            "litellm_provider": cfg.options.get("api", DEFAULT_API),
             "mode": "chat",
         }
         meta = json.dumps({self.model(cfg): info}, indent=2).encode()
@@ -194,15 +209,19 @@ class AiderHarness(HostPythonAgent):
         }
 
     def command(self, cfg: AgentConfig) -> str:
-        base = cfg.base_url.rstrip("/") + "/v1"
+        _, suffix, switch = APIS[cfg.options.get("api", DEFAULT_API)]
+        base = cfg.base_url.rstrip("/") + suffix
+        endpoint = f"{switch}{base}" if switch.endswith("=") else f"{switch} {base}"
         run = (
             f"{pyruntime.python_command(BUNDLE_MOUNT)} {LAUNCH} --model {self.model(cfg)} "
-            f"--openai-api-base {base} --model-settings-file {SETTINGS} --model-metadata-file {METADATA} "
+            f"{endpoint} --model-settings-file {SETTINGS} --model-metadata-file {METADATA} "
             f"--llm-history-file {LLM_LOG} --chat-history-file {CHAT_LOG} "
             f"--input-history-file {AGENT_HOME}/aider-input-history.txt --max-chat-history-tokens "
             f"{int(cfg.context_window)} {FLAGS} --message-file {PROMPT} < /dev/null > {LOG} 2>&1"
         )
-        return self.environment() + run_and_collect(run, f"{LLM_LOG} {CHAT_LOG}", EVENTS)
+        # litellm's Anthropic provider reads its own variable: the key from the env file, never argv
+        key = 'export ANTHROPIC_API_KEY="$OPENAI_API_KEY"\n' if cfg.options.get("api") == "anthropic" else ""
+        return self.environment() + key + run_and_collect(run, f"{LLM_LOG} {CHAT_LOG}", EVENTS)
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
