@@ -7,7 +7,8 @@ The UI reads the same `RolloutService` and catalog the MCP tools use; starting a
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import gradio as gr
 from pydantic import ValidationError
@@ -234,7 +235,17 @@ async def _watch(service: RolloutService, rollout_id: str, events: list[tuple[fl
             yield tuple(Panel.draw(snap, view))
 
 
+class _RolloutTab(NamedTuple):
+    """What other tabs use of the Rollout tab: its id box, its panel, and how it shows a rollout."""
+
+    rid: gr.Textbox
+    panel: Panel
+    show: Callable
+
+
 def build_ui(service: RolloutService) -> gr.Blocks:
+    """The Blocks: a banner and an access token, then one tab per panel (`_live_tab`, `_run_tab`, `_rollout_tab`,
+    `_tasks_tab`, `_history_tab`), and a rollout opened from the page's address."""
     splits = split_names()
     # The UI takes no files (server/ui: uploads refused); Gradio's cache is emptied of anything older than an hour.
     with gr.Blocks(title="swe_gym_env", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
@@ -247,218 +258,229 @@ def build_ui(service: RolloutService) -> gr.Blocks:
             elem_id="access-token",
         )
         with gr.Tabs(selected="live") as tabs:
-            # -- Live ------------------------------------------------------------------------------------------
             with gr.Tab("Live", id="live"):
-                gr.Markdown("Every rollout in flight on this server, whoever started it (UI, MCP, WebSocket).")
-                live = gr.HTML(elem_id="live")
-
-                def live_view(token: str, request: gr.Request) -> str:
-                    if (why := ui_read_refusal(request, token, what=None)) is not None:  # every second: not logged
-                        return f'<div class="sg-error" id="live-refused">{render.esc(why, 500)}</div>'
-                    return live_table_html(service)
-
-                gr.Timer(1.0).tick(
-                    live_view, inputs=access, outputs=live, show_progress="hidden", api_visibility="private"
-                )
-                demo.load(live_view, inputs=access, outputs=live, api_visibility="private")
-
-            # -- Run -------------------------------------------------------------------------------------------
+                _live_tab(demo, service, access)
             with gr.Tab("Run", id="run"):
-                with gr.Row():
-                    split = gr.Dropdown(splits, value=splits[0], label="dataset split", elem_id="run-split")
-                    ids = _task_ids(splits[0])
-                    task = gr.Dropdown(
-                        ids, value=ids[0] if ids else None, label="task", allow_custom_value=True, elem_id="run-task"
-                    )
-                    fields = RolloutRequest.model_fields
-                    harness = gr.Dropdown(sorted(HARNESSES), value=fields["harness"].default, label="harness")
-                    sandbox = gr.Dropdown(
-                        [AUTO_SANDBOX, *sorted(BACKENDS)],
-                        value=fields["sandbox"].default,
-                        label="sandbox",
-                        elem_id="run-sandbox",
-                    )
-                    engines = sorted(service.config.engines)
-                    engine = gr.Dropdown(engines, value=engines[0] if engines else None, label="engine")
-                with gr.Row():
-                    max_calls = gr.Number(30, minimum=1, maximum=500, precision=0, label="max model calls")
-                    token = gr.Textbox(
-                        label="access token (needed when the server has one)",
-                        type="password",
-                        elem_id="run-token",
-                    )
-                    go = gr.Button("Run", variant="primary", elem_id="run-button")
-                run_panel = Panel("run", service, [access, token])
-                split.change(
-                    lambda s: gr.update(choices=_task_ids(s), value=(_task_ids(s) or [None])[0]),
-                    split,
-                    task,
-                    api_visibility="private",
-                )
-
-                async def start_run(
-                    split, instance_id, harness, sandbox, engine, max_calls, token, request: gr.Request
-                ):
-                    why = ui_start_refusal(request, token)
-                    if why is not None:
-                        yield Panel.message(why)
-                        return
-                    try:
-                        req = RolloutRequest(
-                            split=split,
-                            instance_id=instance_id or None,
-                            harness=harness,
-                            sandbox=sandbox,
-                            engine=engine or "default",
-                            max_model_calls=int(max_calls or 30),
-                        )
-                    except (ValidationError, ValueError, TypeError) as e:
-                        yield Panel.message(f"invalid request: {e}")
-                        return
-                    rec = service.submit(req)
-                    events = [(time.time(), f"submitted rollout {rec.rollout_id}")]
-                    async for out in _watch(service, rec.rollout_id, events, view_for(request.session_hash, "run")):
-                        yield out
-
-                go.click(
-                    start_run,
-                    [split, task, harness, sandbox, engine, max_calls, token],
-                    run_panel.outputs,
-                    api_name="start_run",
-                    concurrency_limit=None,
-                    show_progress="hidden",
-                )
-
-            # -- Rollout ---------------------------------------------------------------------------------------
+                token = _run_tab(service, splits, access)
             with gr.Tab("Rollout", id="rollout"):
-                with gr.Row():
-                    rid = gr.Textbox(label="rollout id", elem_id="rollout-id")
-                    show = gr.Button("Show", elem_id="rollout-show")
-                panel = Panel("rollout", service, [access, token])
-
-                async def show_rollout(rollout_id: str, token: str, request: gr.Request):
-                    rollout_id = (rollout_id or "").strip()
-                    if not rollout_id:
-                        yield tuple(gr.skip() for _ in panel.outputs)
-                        return
-                    if (why := ui_read_refusal(request, token)) is not None:
-                        yield Panel.message(why)
-                        return
-                    events = [(time.time(), f"watching {rollout_id}")]
-                    async for out in _watch(service, rollout_id, events, view_for(request.session_hash, "rollout")):
-                        yield out
-
-                for trigger in (show.click, rid.submit):
-                    trigger(
-                        show_rollout,
-                        [rid, access],
-                        panel.outputs,
-                        concurrency_limit=None,
-                        show_progress="hidden",
-                        api_visibility="private",
-                    )
-
-            # -- Tasks -----------------------------------------------------------------------------------------
+                rollout = _rollout_tab(service, access, token)
             with gr.Tab("Tasks", id="tasks"):
-                with gr.Row():
-                    t_split = gr.Dropdown(splits, value=splits[0], label="split")
-                    query = gr.Textbox(label="search (id, repo, problem text)", elem_id="task-search")
-                t_table = gr.Dataframe(headers=TASK_HEADERS, interactive=False, elem_id="task-table")
-                t_detail = gr.HTML(elem_id="task-detail")
-
-                def find_tasks(s: str, q: str) -> tuple[list[list], str]:
-                    try:
-                        tasks = tasks_in(s)
-                    except (TaskNotFound, ValueError, OSError) as e:
-                        return [], f'<div class="sg-error">{render.esc(e)}</div>'
-                    q = (q or "").lower().strip()
-                    hits = [
-                        t
-                        for t in tasks
-                        if not q
-                        or q in t.instance_id.lower()
-                        or q in t.repo.lower()
-                        or q in t.problem_statement.lower()
-                    ][:200]
-                    rows = [
-                        [t.instance_id, t.repo, len(t.FAIL_TO_PASS), len(t.PASS_TO_PASS), t.problem_statement[:120]]
-                        for t in hits
-                    ]
-                    return rows, f"<div>{len(hits)} of {len(tasks)} tasks</div>"
-
-                def task_detail(s: str, evt: gr.SelectData) -> str:
-                    row = evt.row_value or []
-                    try:
-                        t = next(t for t in tasks_in(s) if row and t.instance_id == row[0]).view()
-                    except (StopIteration, TaskNotFound, ValueError):
-                        return ""
-                    return (
-                        f"<h4>{render.esc(t.instance_id, 200)}</h4><div>{render.esc(t.repo, 200)} @ "
-                        f"<code>{render.esc(t.base_commit, 40)}</code></div>"
-                        f'<pre class="sg-pre">{render.esc(t.problem_statement)}</pre>'
-                        f"<div>FAIL_TO_PASS: {render.esc(', '.join(t.FAIL_TO_PASS), 4000)}</div>"
-                        f"<div>PASS_TO_PASS: {len(t.PASS_TO_PASS)} tests</div>"
-                    )
-
-                for trigger in (t_split.change, query.change):
-                    trigger(find_tasks, [t_split, query], [t_table, t_detail], api_visibility="private")
-                t_table.select(task_detail, t_split, t_detail, api_visibility="private")
-                demo.load(find_tasks, [t_split, query], [t_table, t_detail], api_visibility="private")
-
-            # -- History ---------------------------------------------------------------------------------------
+                _tasks_tab(demo, splits)
             with gr.Tab("History", id="history"):
-                refresh = gr.Button("Refresh", elem_id="history-refresh")
-                h_table = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history-table")
+                _history_tab(demo, service, access, tabs, rollout)
+        _open_from_address(demo, service, tabs, rollout)
+    return demo
 
-                def history(token: str, request: gr.Request) -> list[list]:
-                    if ui_read_refusal(request, token) is not None:
-                        return []
-                    return [
-                        [
-                            s.rollout_id,
-                            s.instance_id,
-                            VARIANT_LABEL.get(s.variant, ""),
-                            s.harness,
-                            s.sandbox,
-                            s.ok,
-                            s.reward,
-                            s.turns,
-                            s.phase,
-                            render.redact((s.error or "")[:200]),
-                        ]
-                        for s in service.list(500)
-                        if s.state == "finished"
-                    ]
 
-                def open_rollout(evt: gr.SelectData):
-                    row = evt.row_value or []
-                    return (row[0] if row else ""), gr.Tabs(selected="rollout")
+def _live_tab(demo: gr.Blocks, service: RolloutService, access: gr.Textbox) -> None:
+    gr.Markdown("Every rollout in flight on this server, whoever started it (UI, MCP, WebSocket).")
+    live = gr.HTML(elem_id="live")
 
-                refresh.click(history, access, h_table, api_visibility="private")
-                demo.load(history, access, h_table, api_visibility="private")
-                h_table.select(open_rollout, None, [rid, tabs], api_visibility="private").then(
-                    show_rollout, [rid, access], panel.outputs, concurrency_limit=None, api_visibility="private"
-                )
+    def live_view(token: str, request: gr.Request) -> str:
+        if (why := ui_read_refusal(request, token, what=None)) is not None:  # every second: not logged
+            return f'<div class="sg-error" id="live-refused">{render.esc(why, 500)}</div>'
+        return live_table_html(service)
 
-        async def from_address(request: gr.Request):
-            """/web/?rollout=<id> opens that rollout's page (in the page's own load: no second round trip)."""
-            wanted = (request.query_params.get("rollout") or "").strip() if request else ""
-            if not wanted:
-                yield tuple(gr.skip() for _ in range(2 + len(panel.outputs)))
-                return
-            if (why := ui_read_refusal(request, None)) is not None:  # the page's load has no token typed yet
-                yield (wanted, gr.Tabs(selected="rollout"), *Panel.message(why))
-                return
-            events = [(time.time(), f"watching {wanted}")]
-            async for out in _watch(service, wanted, events, view_for(request.session_hash, "rollout")):
-                yield (wanted, gr.Tabs(selected="rollout"), *out)
+    gr.Timer(1.0).tick(live_view, inputs=access, outputs=live, show_progress="hidden", api_visibility="private")
+    demo.load(live_view, inputs=access, outputs=live, api_visibility="private")
 
-        demo.load(
-            from_address,
-            None,
-            [rid, tabs, *panel.outputs],
+
+def _run_tab(service: RolloutService, splits: list[str], access: gr.Textbox) -> gr.Textbox:
+    """The Run tab; returns its token box (the Rollout tab's panel reads it too)."""
+    with gr.Row():
+        split = gr.Dropdown(splits, value=splits[0], label="dataset split", elem_id="run-split")
+        ids = _task_ids(splits[0])
+        task = gr.Dropdown(
+            ids, value=ids[0] if ids else None, label="task", allow_custom_value=True, elem_id="run-task"
+        )
+        fields = RolloutRequest.model_fields
+        harness = gr.Dropdown(sorted(HARNESSES), value=fields["harness"].default, label="harness")
+        sandbox = gr.Dropdown(
+            [AUTO_SANDBOX, *sorted(BACKENDS)],
+            value=fields["sandbox"].default,
+            label="sandbox",
+            elem_id="run-sandbox",
+        )
+        engines = sorted(service.config.engines)
+        engine = gr.Dropdown(engines, value=engines[0] if engines else None, label="engine")
+    with gr.Row():
+        max_calls = gr.Number(30, minimum=1, maximum=500, precision=0, label="max model calls")
+        token = gr.Textbox(
+            label="access token (needed when the server has one)",
+            type="password",
+            elem_id="run-token",
+        )
+        go = gr.Button("Run", variant="primary", elem_id="run-button")
+    run_panel = Panel("run", service, [access, token])
+    split.change(
+        lambda s: gr.update(choices=_task_ids(s), value=(_task_ids(s) or [None])[0]),
+        split,
+        task,
+        api_visibility="private",
+    )
+
+    async def start_run(split, instance_id, harness, sandbox, engine, max_calls, token, request: gr.Request):
+        why = ui_start_refusal(request, token)
+        if why is not None:
+            yield Panel.message(why)
+            return
+        try:
+            req = RolloutRequest(
+                split=split,
+                instance_id=instance_id or None,
+                harness=harness,
+                sandbox=sandbox,
+                engine=engine or "default",
+                max_model_calls=int(max_calls or 30),
+            )
+        except (ValidationError, ValueError, TypeError) as e:
+            yield Panel.message(f"invalid request: {e}")
+            return
+        rec = service.submit(req)
+        events = [(time.time(), f"submitted rollout {rec.rollout_id}")]
+        async for out in _watch(service, rec.rollout_id, events, view_for(request.session_hash, "run")):
+            yield out
+
+    go.click(
+        start_run,
+        [split, task, harness, sandbox, engine, max_calls, token],
+        run_panel.outputs,
+        api_name="start_run",
+        concurrency_limit=None,
+        show_progress="hidden",
+    )
+    return token
+
+
+def _rollout_tab(service: RolloutService, access: gr.Textbox, token: gr.Textbox) -> _RolloutTab:
+    with gr.Row():
+        rid = gr.Textbox(label="rollout id", elem_id="rollout-id")
+        show = gr.Button("Show", elem_id="rollout-show")
+    panel = Panel("rollout", service, [access, token])
+
+    async def show_rollout(rollout_id: str, token: str, request: gr.Request):
+        rollout_id = (rollout_id or "").strip()
+        if not rollout_id:
+            yield tuple(gr.skip() for _ in panel.outputs)
+            return
+        if (why := ui_read_refusal(request, token)) is not None:
+            yield Panel.message(why)
+            return
+        events = [(time.time(), f"watching {rollout_id}")]
+        async for out in _watch(service, rollout_id, events, view_for(request.session_hash, "rollout")):
+            yield out
+
+    for trigger in (show.click, rid.submit):
+        trigger(
+            show_rollout,
+            [rid, access],
+            panel.outputs,
             concurrency_limit=None,
             show_progress="hidden",
             api_visibility="private",
         )
-    return demo
+    return _RolloutTab(rid, panel, show_rollout)
+
+
+def _tasks_tab(demo: gr.Blocks, splits: list[str]) -> None:
+    with gr.Row():
+        t_split = gr.Dropdown(splits, value=splits[0], label="split")
+        query = gr.Textbox(label="search (id, repo, problem text)", elem_id="task-search")
+    t_table = gr.Dataframe(headers=TASK_HEADERS, interactive=False, elem_id="task-table")
+    t_detail = gr.HTML(elem_id="task-detail")
+
+    def find_tasks(s: str, q: str) -> tuple[list[list], str]:
+        try:
+            tasks = tasks_in(s)
+        except (TaskNotFound, ValueError, OSError) as e:
+            return [], f'<div class="sg-error">{render.esc(e)}</div>'
+        q = (q or "").lower().strip()
+        hits = [
+            t
+            for t in tasks
+            if not q or q in t.instance_id.lower() or q in t.repo.lower() or q in t.problem_statement.lower()
+        ][:200]
+        rows = [
+            [t.instance_id, t.repo, len(t.FAIL_TO_PASS), len(t.PASS_TO_PASS), t.problem_statement[:120]] for t in hits
+        ]
+        return rows, f"<div>{len(hits)} of {len(tasks)} tasks</div>"
+
+    def task_detail(s: str, evt: gr.SelectData) -> str:
+        row = evt.row_value or []
+        try:
+            t = next(t for t in tasks_in(s) if row and t.instance_id == row[0]).view()
+        except (StopIteration, TaskNotFound, ValueError):
+            return ""
+        return (
+            f"<h4>{render.esc(t.instance_id, 200)}</h4><div>{render.esc(t.repo, 200)} @ "
+            f"<code>{render.esc(t.base_commit, 40)}</code></div>"
+            f'<pre class="sg-pre">{render.esc(t.problem_statement)}</pre>'
+            f"<div>FAIL_TO_PASS: {render.esc(', '.join(t.FAIL_TO_PASS), 4000)}</div>"
+            f"<div>PASS_TO_PASS: {len(t.PASS_TO_PASS)} tests</div>"
+        )
+
+    for trigger in (t_split.change, query.change):
+        trigger(find_tasks, [t_split, query], [t_table, t_detail], api_visibility="private")
+    t_table.select(task_detail, t_split, t_detail, api_visibility="private")
+    demo.load(find_tasks, [t_split, query], [t_table, t_detail], api_visibility="private")
+
+
+def _history_tab(
+    demo: gr.Blocks, service: RolloutService, access: gr.Textbox, tabs: gr.Tabs, rollout: _RolloutTab
+) -> None:
+    refresh = gr.Button("Refresh", elem_id="history-refresh")
+    h_table = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history-table")
+
+    def history(token: str, request: gr.Request) -> list[list]:
+        if ui_read_refusal(request, token) is not None:
+            return []
+        return [
+            [
+                s.rollout_id,
+                s.instance_id,
+                VARIANT_LABEL.get(s.variant, ""),
+                s.harness,
+                s.sandbox,
+                s.ok,
+                s.reward,
+                s.turns,
+                s.phase,
+                render.redact((s.error or "")[:200]),
+            ]
+            for s in service.list(500)
+            if s.state == "finished"
+        ]
+
+    def open_rollout(evt: gr.SelectData):
+        row = evt.row_value or []
+        return (row[0] if row else ""), gr.Tabs(selected="rollout")
+
+    refresh.click(history, access, h_table, api_visibility="private")
+    demo.load(history, access, h_table, api_visibility="private")
+    h_table.select(open_rollout, None, [rollout.rid, tabs], api_visibility="private").then(
+        rollout.show, [rollout.rid, access], rollout.panel.outputs, concurrency_limit=None, api_visibility="private"
+    )
+
+
+def _open_from_address(demo: gr.Blocks, service: RolloutService, tabs: gr.Tabs, rollout: _RolloutTab) -> None:
+    async def from_address(request: gr.Request):
+        """/web/?rollout=<id> opens that rollout's page (in the page's own load: no second round trip)."""
+        wanted = (request.query_params.get("rollout") or "").strip() if request else ""
+        if not wanted:
+            yield tuple(gr.skip() for _ in range(2 + len(rollout.panel.outputs)))
+            return
+        if (why := ui_read_refusal(request, None)) is not None:  # the page's load has no token typed yet
+            yield (wanted, gr.Tabs(selected="rollout"), *Panel.message(why))
+            return
+        events = [(time.time(), f"watching {wanted}")]
+        async for out in _watch(service, wanted, events, view_for(request.session_hash, "rollout")):
+            yield (wanted, gr.Tabs(selected="rollout"), *out)
+
+    demo.load(
+        from_address,
+        None,
+        [rollout.rid, tabs, *rollout.panel.outputs],
+        concurrency_limit=None,
+        show_progress="hidden",
+        api_visibility="private",
+    )

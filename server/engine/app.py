@@ -150,11 +150,8 @@ class Engine:
             out.append(entry)
         return out
 
-    async def chat(self, request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "request body is not valid JSON")
+    def _refusal(self, body: Any) -> Response | None:
+        """vLLM's answer to a request it would refuse before rendering the prompt, or None."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "messages must be a non-empty list")
         if body.get("model") not in (None, self.served_model):
@@ -162,9 +159,19 @@ class Engine:
         tools = body.get("tools")
         if tools is not None and (not isinstance(tools, list) or not tools):
             return _error(400, "tools must not be an empty array")
-        top = int(body.get("top_logprobs") or 0)
-        if top > MAX_LOGPROBS:
+        if int(body.get("top_logprobs") or 0) > MAX_LOGPROBS:
             return _error(400, f"top_logprobs must be <= {MAX_LOGPROBS}")
+        return None
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not valid JSON")
+        if (refusal := self._refusal(body)) is not None:
+            return refusal
+        tools = body.get("tools")
+        top = int(body.get("top_logprobs") or 0)
         prompt_ids = self.renderer.prompt_ids(body["messages"], tools)
         max_tokens, refused = self.output_budget(body, len(prompt_ids))
         if refused is not None:
@@ -198,6 +205,12 @@ class Engine:
                 usage if include_usage else None,
             )
             return StreamingResponse(chunks, media_type="text/event-stream")
+        return JSONResponse(self._whole(base, fingerprint, comp, prompt_ids, want_lp, as_ids, top, want_ids, usage))
+
+    def _whole(
+        self, base, fingerprint, comp: Completion, prompt_ids, want_lp, as_ids, top, want_ids, usage
+    ) -> dict[str, Any]:
+        """vLLM's non-streamed chat completion, its capture fields where asked for."""
         choice: dict[str, Any] = {
             "index": 0,
             "message": comp.message(),
@@ -225,7 +238,7 @@ class Engine:
         }
         if want_ids:
             out["prompt_token_ids"] = prompt_ids
-        return JSONResponse(out)
+        return out
 
     def _stream(
         self, base, fingerprint, comp: Completion, prompt_ids, want_lp, as_ids, top, want_ids, usage

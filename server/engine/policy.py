@@ -168,60 +168,13 @@ class OraclePolicy(Policy):
         ``submit`` (the agent's prompt names a submission command) it ends with that command, else with "done"."""
         workdir = workdir or task.workdir
         params = _tool_params(tools)
-        edit = params.get("edit", set())
-        hunks = _hunks(task.patch)
-        actions: list[Reply] = []
-        file_edit = params.get("Edit", set()) | params.get("replace", set())
         shell = next(((n, arg) for n, arg in SHELL_TOOLS if arg in params.get(n, set())), None)
-        if "edits" in edit and "path" in edit:  # Pi: edit{path, edits:[{oldText,newText}]}
-            by_file: dict[str, list[dict]] = {}
-            for path, old, new in hunks:
-                by_file.setdefault(path, []).append({"oldText": old, "newText": new})
-            actions = [Reply(tool_calls=[("edit", {"path": p, "edits": e})]) for p, e in by_file.items()]
-        elif {"filePath", "oldString", "newString"} <= edit:  # OpenCode
-            actions = [
-                Reply(tool_calls=[("edit", {"filePath": f"{workdir}/{p}", "oldString": o, "newString": n})])
-                for p, o, n in hunks
-            ]
-        elif {"path", "old_text", "new_text"} <= params.get("editor", set()):  # Cline
-            actions = [
-                Reply(tool_calls=[("editor", {"path": f"{workdir}/{p}", "old_text": o, "new_text": n})])
-                for p, o, n in hunks
-            ]
-        elif "input" in params.get("apply_patch", set()):  # codex: apply_patch (a custom tool: one string `input`)
-            actions = [Reply(tool_calls=[("apply_patch", {"input": _codex_patch(task.patch, workdir)})])]
-        elif {"file_path", "old_string", "new_string"} <= file_edit:  # claude-code Edit, gemini-cli replace
-            tool = "Edit" if "Edit" in params else "replace"
-            read = "Read" if "file_path" in params.get("Read", set()) else None  # claude-code edits only what it read
-            for path in dict.fromkeys(p for p, _, _ in hunks):
-                if read:
-                    actions.append(Reply(tool_calls=[(read, {"file_path": f"{workdir}/{path}"})]))
-                for p, o, n in hunks:
-                    if p == path:
-                        args = {"file_path": f"{workdir}/{p}", "old_string": o, "new_string": n}
-                        if tool == "replace" and "instruction" in file_edit:
-                            args["instruction"] = f"apply the fix to {p}"
-                        actions.append(Reply(tool_calls=[(tool, args)]))
-        elif shell is not None:  # bash (Pi, OpenCode), exec_command / shell_command (codex), Bash, run_shell_command
-            delim = "SWE_GYM_PATCH_EOF"
-            while delim in task.patch:
-                delim += "_"
-            cmd = f"cd {shlex.quote(workdir)} && git apply <<'{delim}'\n{task.patch.rstrip(chr(10))}\n{delim}"
-            name, arg = shell
-            args: dict[str, Any] = {arg: cmd}
-            if "description" in params[name]:  # OpenCode's bash, claude-code's Bash
-                args["description"] = "apply the fix"
-            if "summary" in params[name]:  # Droid's Execute
-                args["summary"] = "apply the fix"
-            actions = [Reply(tool_calls=[(name, args)])]
+        actions = _edit_calls(task, params, workdir)
+        if actions is None and shell is not None:  # bash (Pi, OpenCode), exec_command / shell_command (codex), ...
+            actions = [_shell_call(shell, params, _git_apply(task.patch, workdir), "apply the fix")]
+        actions = actions or []
         if self.probe and shell is not None:
-            name, arg = shell
-            probe: dict[str, Any] = {arg: self.probe}
-            if "description" in params[name]:
-                probe["description"] = "look at the environment"
-            if "summary" in params[name]:
-                probe["summary"] = "look at the environment"
-            actions.insert(0, Reply(tool_calls=[(name, probe)]))
+            actions.insert(0, _shell_call(shell, params, self.probe, "look at the environment"))
         if submit and shell is not None:  # mini-swe-agent: a reply without a tool call is a format error
             return [*actions, Reply(tool_calls=[(shell[0], {shell[1]: SUBMIT_COMMAND})])]
         return [*actions, Reply(content=DONE)]
@@ -437,3 +390,69 @@ def make_policy(spec: str) -> Policy:
     if spec.startswith("script:"):
         return ScriptPolicy(Path(spec.removeprefix("script:")))
     raise ValueError(f"unknown policy {spec!r}: use oracle, oracle+probe[:CMD], oracle+compact, noop or script:FILE")
+
+
+def _edit_calls(task: Task, params: dict[str, set[str]], workdir: str) -> list[Reply] | None:
+    """The gold patch through the agent's own edit tool, where it has one this policy knows; else None."""
+    edit = params.get("edit", set())
+    hunks = _hunks(task.patch)
+    file_edit = params.get("Edit", set()) | params.get("replace", set())
+    if "edits" in edit and "path" in edit:  # Pi: edit{path, edits:[{oldText,newText}]}
+        by_file: dict[str, list[dict]] = {}
+        for path, old, new in hunks:
+            by_file.setdefault(path, []).append({"oldText": old, "newText": new})
+        return [Reply(tool_calls=[("edit", {"path": p, "edits": e})]) for p, e in by_file.items()]
+    if {"filePath", "oldString", "newString"} <= edit:  # OpenCode
+        return [
+            Reply(tool_calls=[("edit", {"filePath": f"{workdir}/{p}", "oldString": o, "newString": n})])
+            for p, o, n in hunks
+        ]
+    if {"path", "old_text", "new_text"} <= params.get("editor", set()):  # Cline
+        return [
+            Reply(tool_calls=[("editor", {"path": f"{workdir}/{p}", "old_text": o, "new_text": n})])
+            for p, o, n in hunks
+        ]
+    if "input" in params.get("apply_patch", set()):  # codex: apply_patch (a custom tool: one string `input`)
+        return [Reply(tool_calls=[("apply_patch", {"input": _codex_patch(task.patch, workdir)})])]
+    if {"file_path", "old_string", "new_string"} <= file_edit:  # claude-code Edit, gemini-cli replace
+        return _file_path_edits(hunks, params, file_edit, workdir)
+    return None
+
+
+def _file_path_edits(
+    hunks: list[tuple[str, str, str]], params: dict[str, set[str]], file_edit: set[str], workdir: str
+) -> list[Reply]:
+    """claude-code's Edit (each file Read first: it edits only what it read) or gemini-cli's replace."""
+    tool = "Edit" if "Edit" in params else "replace"
+    read = "Read" if "file_path" in params.get("Read", set()) else None
+    actions: list[Reply] = []
+    for path in dict.fromkeys(p for p, _, _ in hunks):
+        if read:
+            actions.append(Reply(tool_calls=[(read, {"file_path": f"{workdir}/{path}"})]))
+        for p, o, n in hunks:
+            if p == path:
+                args = {"file_path": f"{workdir}/{p}", "old_string": o, "new_string": n}
+                if tool == "replace" and "instruction" in file_edit:
+                    args["instruction"] = f"apply the fix to {p}"
+                actions.append(Reply(tool_calls=[(tool, args)]))
+    return actions
+
+
+def _git_apply(patch: str, workdir: str) -> str:
+    """A shell command that applies ``patch`` in ``workdir`` from a here-document."""
+    delim = "SWE_GYM_PATCH_EOF"
+    while delim in patch:
+        delim += "_"
+    return f"cd {shlex.quote(workdir)} && git apply <<'{delim}'\n{patch.rstrip(chr(10))}\n{delim}"
+
+
+def _shell_call(shell: tuple[str, str], params: dict[str, set[str]], command: str, why: str) -> Reply:
+    """One call of the agent's shell tool; its description (OpenCode's bash, claude-code's Bash) or summary
+    (Droid's Execute) where the tool has one."""
+    name, arg = shell
+    args: dict[str, Any] = {arg: command}
+    if "description" in params[name]:
+        args["description"] = why
+    if "summary" in params[name]:
+        args["summary"] = why
+    return Reply(tool_calls=[(name, args)])
