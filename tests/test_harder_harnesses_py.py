@@ -219,6 +219,7 @@ def test_hermes_configuration_keeps_the_key_in_the_env_file_and_itself_offline()
         "ollama_num_ctx": 0,  # given: no probe of the endpoint for Ollama's
     }
     assert conf["security"] == {"tirith_enabled": False}  # else it downloads tirith from GitHub on its first run
+    assert conf["agent"] == {"max_turns": 100, "environment_probe": False}
     update = json.loads(files["/home/agent/.hermes-home/.update_check"][0])  # a fresh cache: no update check
     assert update["ver"] == h.version and update["ts"] > 4e9
     assert files["/home/agent/prompt.txt"][0] == b"fix it"

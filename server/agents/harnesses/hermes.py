@@ -20,7 +20,8 @@ it runs). Hermes refuses a context under 64K tokens (`MINIMUM_CONTEXT_LENGTH`): 
   and no `options.num_ctx` sent), and its price lookup after each call (`/v1/models`) is taken out by our launcher;
 - its toolsets are `terminal`, `file` and `todo` (`-t`): no web, browser or vision tools (whose availability checks
   probe the endpoint too), no memory, skills hub, delegation or cron; `--ignore-rules` (no AGENTS.md / SOUL.md /
-  memory injected from the work tree or its home).
+  memory injected from the work tree or its home);
+- its environment probe (python3 / pip state, one line of its system prompt, waited on for up to 10 s) is off.
 The prompt comes from a file (our launcher puts it into its own argv: never the real command line).
 
 Its record is its own log (`$HERMES_HOME/logs/agent.log`, copied to a fixed path while it runs): one `API call #N: …
@@ -136,7 +137,10 @@ class HermesHarness(HostPythonAgent):
             model = {k: v for k, v in model.items() if k not in endpoint} | {"provider": "custom:capture"}
             config["model"] = model
             config["providers"] = {"capture": {**endpoint, "api_mode": api, "default_model": cfg.model}}
-        config.update(agent={"max_turns": max_turns(cfg)}, security={"tirith_enabled": False})
+        # its environment probe (python3 / pip state for a line of its system prompt: a dozen commands, waited on for
+        # up to 10 s, measured at that limit under load) off
+        agent = {"max_turns": max_turns(cfg), "environment_probe": False}
+        config.update(agent=agent, security={"tirith_enabled": False})
         return json.dumps(config, indent=2).encode()  # JSON is YAML
 
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
