@@ -21,6 +21,9 @@ from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
 
 HARDER = ["droid", "openclaw"]  # the npm harnesses of issue 44
+# on landlock too where cheap: OpenClaw's demo there costs ~45 s more (its start: ~17 s of CPU); its landlock-only need
+# (its fixed /tmp paths following TMPDIR) is held by test_openclaw_bundle_patch_finds_each_fixed_tmp_path and its build
+LANDLOCK = ["droid"]
 
 
 def ready(harness: str):
@@ -52,7 +55,7 @@ def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("harness", HARDER)
+@pytest.mark.parametrize("harness", LANDLOCK)
 def test_demo_on_landlock(harness, need_tokenizer):
     from swe_gym_env.server.sandbox.landlock import preflight
 
