@@ -250,8 +250,7 @@ def test_startup_keeps_dotenv_values_the_environment_wins_and_os_environ_is_left
 # writes to this process's environment: the code that talks to itself through os.environ
 ENV_WRITE = re.compile(r"os\.environ\[[^\]]*\]\s*=[^=]|os\.environ\.(?:update|setdefault|pop)\(|environ\.pop\(")
 # where writing it is the point: the code that builds a child's environment (agents, sandboxes, the grading guard);
-# benchmarks/cheating.py points its own process at an engine (to be folded into ServerConfig like `serve` is)
-CHILD_ENV_CODE = ("server/agents/", "server/sandbox/", "server/grading/guard", "benchmarks/cheating.py")
+CHILD_ENV_CODE = ("server/agents/", "server/sandbox/", "server/grading/guard")
 
 
 def test_configuration_flows_one_way_nothing_writes_os_environ_to_talk_to_itself():
