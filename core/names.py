@@ -62,7 +62,7 @@ HARNESSES: dict[str, Plugin] = dict(
 )
 
 # The harnesses whose bundles the Space image carries (`swe-gym-env setup --harness image`); the others are built on
-# a rollout's first use there, with progress (their five bundles are ~1.3 GB: the image grows by none of it).
+# a rollout's first use there, with progress (the other ten bundles are 3.2 GiB: the image grows by none of it).
 IMAGE_HARNESSES: tuple[str, ...] = (
     "pi",
     "opencode",
