@@ -267,11 +267,25 @@ class BundledHarness:
 
 
 class NativeBinaryHarness(BundledHarness):
-    """A harness that is one self-contained executable from its npm platform package (`bin/<cli>` in it, no install
-    script), bundled with the static ripgrep (`bin/rg`): OpenCode, Kilo Code, Cline."""
+    """A harness that is one self-contained Bun executable from its npm platform package (`bin/<cli>` in it, no
+    install script), bundled with the static ripgrep (`bin/rg`): OpenCode, Kilo Code, Cline, Droid. Its bundle probe
+    and verifier run the binary as plain Bun (``BUN_BE_BUN=1``: `--version` in ~5 ms, where OpenCode's own takes
+    ~1.6 s, and a JS runtime that checks the digest where the image has no sha256sum), unless the class names its
+    own."""
 
     package: ClassVar[str]
     cli: ClassVar[str]  # the executable's name in the package's bin/ and in the bundle's
+    needs_node: ClassVar[bool] = False  # one self-contained Bun executable
+    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
+    min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T); the bundled rg is static
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cli" in cls.__dict__:  # a class naming its binary: the probe and verifier of that binary
+            if "bundle_probe" not in cls.__dict__:
+                cls.bundle_probe = f"BUN_BE_BUN=1 ./bin/{cls.cli} --version && ./bin/rg --version >/dev/null"
+            if "bundle_verifier" not in cls.__dict__:
+                cls.bundle_verifier = f"BUN_BE_BUN=1 ./bin/{cls.cli}"
 
     def binary(self, root: Path) -> Path:
         return root / "node_modules" / self.package / "bin" / self.cli

@@ -33,14 +33,13 @@ from swe_gym_env.server.agents.base import (
     BUNDLE_MOUNT,
     AgentConfig,
     AgentOutcome,
-    NpmArtifact,
     as_dict,
     as_list,
     jsonl_objects,
     run_and_collect,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import RIPGREP, NativeBinaryHarness
+from swe_gym_env.server.agents.bundle import NativeBinaryHarness
 
 HOME = f"{AGENT_HOME}/.cline-run"
 DATA = f"{HOME}/data"
@@ -79,11 +78,6 @@ class ClineHarness(NativeBinaryHarness):
     # its first prompt measured 2.9k tokens on the demo task (system prompt + the tools it keeps); the rest is room for
     # its compaction, which keeps a summary and its output limit below the window
     min_context_tokens: ClassVar[int] = 16384
-    needs_node: ClassVar[bool] = False  # one self-contained Bun executable
-    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
-    min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T); the bundled rg is static
-    bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/cline --version && ./bin/rg --version >/dev/null"
-    bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/cline"
     events_path = EVENTS
     log_path = STDERR
 

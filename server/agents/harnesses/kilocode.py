@@ -30,9 +30,6 @@ class KiloCodeHarness(OpenCodeHarness):
     package: ClassVar[str] = "@kilocode/cli-linux-x64"
     # its first prompt measured 12.5k tokens on the demo task (system prompt + its tools; OpenCode: ~7.9k): room to act
     min_context_tokens: ClassVar[int] = 16384
-    min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T)
-    bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/kilo --version && ./bin/rg --version >/dev/null"
-    bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/kilo"
     cli: ClassVar[str] = "kilo"
     env_prefix: ClassVar[str] = "KILO"
     home: ClassVar[str] = f"{AGENT_HOME}/.kilo-run"

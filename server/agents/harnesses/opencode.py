@@ -20,11 +20,10 @@ from swe_gym_env.server.agents.base import (
     BUNDLE_MOUNT,
     AgentConfig,
     AgentOutcome,
-    NpmArtifact,
     jsonl_objects,
     settle_errors,
 )
-from swe_gym_env.server.agents.bundle import RIPGREP, NativeBinaryHarness
+from swe_gym_env.server.agents.bundle import NativeBinaryHarness
 
 PROVIDER = "capture"
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
@@ -65,13 +64,6 @@ class OpenCodeHarness(NativeBinaryHarness):
     min_context_tokens: ClassVar[int] = 12288
     package: ClassVar[str] = "opencode-linux-x64"
     dialect: ClassVar[str] = "openai-chat"
-    needs_node: ClassVar[bool] = False  # one self-contained Bun executable
-    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
-    min_glibc: ClassVar[str] = "2.17"  # the Bun binary's highest GLIBC_ symbol (objdump -T); the bundled rg is static
-    # BUN_BE_BUN=1 makes the compiled binary plain Bun: `--version` in ~5 ms (OpenCode's own takes ~1.6 s), and a JS
-    # runtime that can check the digest where the image has no sha256sum
-    bundle_probe: ClassVar[str] = "BUN_BE_BUN=1 ./bin/opencode --version && ./bin/rg --version >/dev/null"
-    bundle_verifier: ClassVar[str | None] = "BUN_BE_BUN=1 ./bin/opencode"
     # what differs in a fork: its binary (also its config file's name and its XDG subdirectory), the prefix of its
     # environment switches (`<PREFIX>_DISABLE_MODELS_FETCH`, ...), the files of a run, `run`'s flags and config keys
     cli: ClassVar[str] = "opencode"
