@@ -127,6 +127,28 @@ def traced_demo(harness: str, sandbox: str, tmp_path: Path) -> tuple[dict, list[
     return result, *agent_network(text)
 
 
+def installed_harness(name: str):
+    """The harness, its bundle built (else the test is skipped or, under CI, fails: `require`)."""
+    h = get_harness(name)
+    try:
+        h.mounts()
+    except AgentError as e:
+        require(False, f"{name}: {e}")
+    return h
+
+
+def assert_solved_hermetically(h, result: dict, mine: list[str], outbound: list[str], min_turns: int = 2) -> None:
+    """A traced demo's verdict: solved, its own log matching the capture, one dialect, a first prompt inside its
+    minimum context, its calls to the relay seen and nothing else attempted."""
+    assert result["reward"] == 1.0 and result["stop_reason"] == "agent_done"
+    assert result["cross_check"] == "match", result["cross_check_detail"]
+    assert len(result["turns"]) >= min_turns and not any(t["discarded"] for t in result["turns"])
+    assert {t["dialect"] for t in result["turns"]} == {h.dialect}
+    assert result["turns"][0]["prompt_len"] < h.min_context_tokens
+    assert any("127.0.0.1" in line for line in mine), f"the agent's calls to the relay were not traced: {mine}"
+    assert outbound == [], "\n".join(outbound)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", FIVE)
@@ -134,19 +156,9 @@ def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
     harness, need_sandbox, need_tokenizer, tmp_path
 ):
     require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
-    h = get_harness(harness)
-    try:
-        h.mounts()
-    except AgentError as e:
-        require(False, f"{harness}: {e}")
+    h = installed_harness(harness)
     result, mine, outbound = traced_demo(harness, "local", tmp_path)
-    assert result["reward"] == 1.0 and result["stop_reason"] == "agent_done"
-    assert result["cross_check"] == "match", result["cross_check_detail"]
-    assert len(result["turns"]) >= 2 and not any(t["discarded"] for t in result["turns"])
-    assert {t["dialect"] for t in result["turns"]} == {h.dialect}
-    assert result["turns"][0]["prompt_len"] < h.min_context_tokens
-    assert any("127.0.0.1" in line for line in mine), f"the agent's calls to the relay were not traced: {mine}"
-    assert outbound == [], "\n".join(outbound)
+    assert_solved_hermetically(h, result, mine, outbound)
 
 
 # -- units: each one's configuration ---------------------------------------------------------------------------------

@@ -15,7 +15,13 @@ import sys
 
 import pytest
 from conftest import require
-from test_five_harnesses import CFG, secret_only_in_the_env_file, traced_demo
+from test_five_harnesses import (
+    CFG,
+    assert_solved_hermetically,
+    installed_harness,
+    secret_only_in_the_env_file,
+    traced_demo,
+)
 
 from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.registry import get_harness
@@ -26,15 +32,6 @@ HARDER = ["droid", "openclaw"]  # the npm harnesses of issue 44
 LANDLOCK = ["droid"]
 
 
-def ready(harness: str):
-    h = get_harness(harness)
-    try:
-        h.mounts()
-    except AgentError as e:
-        require(False, f"{harness}: {e}")
-    return h
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", HARDER)
@@ -42,15 +39,9 @@ def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
     harness, need_sandbox, need_tokenizer, tmp_path
 ):
     require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
-    h = ready(harness)
+    h = installed_harness(harness)
     result, mine, outbound = traced_demo(harness, "local", tmp_path)
-    assert result["reward"] == 1.0 and result["stop_reason"] == "agent_done"
-    assert result["cross_check"] == "match", result["cross_check_detail"]
-    assert len(result["turns"]) >= 2 and not any(t["discarded"] for t in result["turns"])
-    assert {t["dialect"] for t in result["turns"]} == {h.dialect}
-    assert result["turns"][0]["prompt_len"] < h.min_context_tokens
-    assert any("127.0.0.1" in line for line in mine), f"the agent's calls to the relay were not traced: {mine}"
-    assert outbound == [], "\n".join(outbound)
+    assert_solved_hermetically(h, result, mine, outbound)
 
 
 @pytest.mark.integration
@@ -61,7 +52,7 @@ def test_demo_on_landlock(harness, need_tokenizer):
 
     ok, why = preflight()
     require(ok, f"landlock backend unavailable here: {why}")
-    ready(harness)
+    installed_harness(harness)
     argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--harness", harness, "--sandbox", "landlock", "--json"]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert run.stdout.strip(), run.stderr[-2000:]

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 from conftest import require
-from test_five_harnesses import CFG, secret_only_in_the_env_file, traced_demo
+from test_five_harnesses import (
+    CFG,
+    assert_solved_hermetically,
+    installed_harness,
+    secret_only_in_the_env_file,
+    traced_demo,
+)
 from test_harness_units import turn
 
 from swe_gym_env.server.agents import pyruntime
@@ -31,15 +37,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "agents"
 HARNESSES = ["aider", "hermes"]
 
 
-def installed(name: str):
-    h = get_harness(name)
-    try:
-        h.mounts()
-    except AgentError as e:
-        require(False, f"{name}: {e}")
-    return h
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", HARNESSES)
@@ -47,22 +44,16 @@ def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
     harness, need_sandbox, need_tokenizer, tmp_path
 ):
     require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
-    h = installed(harness)
+    h = installed_harness(harness)
     result, mine, outbound = traced_demo(harness, "local", tmp_path)
-    assert result["reward"] == 1.0 and result["stop_reason"] == "agent_done"
-    assert result["cross_check"] == "match", result["cross_check_detail"]
-    assert result["turns"] and not any(t["discarded"] for t in result["turns"])
-    assert {t["dialect"] for t in result["turns"]} == {h.dialect}
-    assert result["turns"][0]["prompt_len"] < h.min_context_tokens
-    assert any("127.0.0.1" in line for line in mine), f"the agent's calls to the relay were not traced: {mine}"
-    assert outbound == [], "\n".join(outbound)
+    assert_solved_hermetically(h, result, mine, outbound, min_turns=1)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", HARNESSES)
 def test_demo_on_landlock(harness, need_sandbox, need_tokenizer):
-    installed(harness)
+    installed_harness(harness)
     argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--harness", harness, "--sandbox", "landlock", "--json"]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert run.stdout.strip(), run.stderr[-2000:]

@@ -10,10 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import require
-
-from swe_gym_env.server.agents.base import AgentError
-from swe_gym_env.server.agents.registry import get_harness
+from test_five_harnesses import installed_harness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -22,11 +19,7 @@ MORE = ["codex", "claude-code", "gemini-cli"]
 
 @pytest.mark.parametrize("harness", MORE)
 def test_demo_solves_the_task_and_matches_the_agents_own_transcript(harness, need_sandbox, need_tokenizer):
-    h = get_harness(harness)
-    try:
-        h.mounts()
-    except AgentError as e:
-        require(False, f"{harness}: {e}")
+    h = installed_harness(harness)
     argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--harness", harness, "--json"]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert run.stdout.strip(), run.stderr[-2000:]
