@@ -57,6 +57,28 @@ class PythonAgent(BundledHarness):
             raise AgentError("install", f"{root} holds no finished install of {self.name}")
         return root
 
+    def install_key(self) -> tuple[str, ...]:
+        """What its install is made from, the mark `.installed` holds: a change reinstalls it."""
+        return self.bundle_inputs
+
+    def build_install(self, root: Path, log=print) -> None:
+        """Builds its install into ``root`` (made, its mark taken away)."""
+        raise NotImplementedError
+
+    def ensure_installed(self, log=print) -> Path:
+        """Its install directory: as it is where it holds a finished install of the same `install_key`, else built
+        afresh by `build_install` and marked finished last."""
+        root = self.install_dir()
+        done = root / ".installed"
+        key = "\n".join(self.install_key())
+        if done.is_file() and done.read_text() == key:
+            return root
+        root.mkdir(parents=True, exist_ok=True)
+        done.unlink(missing_ok=True)
+        self.build_install(root, log)
+        done.write_text(key)
+        return root
+
     def config_text(self, cfg: AgentConfig, prompt: str) -> bytes:
         raise NotImplementedError
 
@@ -116,13 +138,7 @@ class DebianPythonAgent(PythonAgent):
         the libraries are shipped (theirs go into the runtime's lib/ too); none by default."""
         return ()
 
-    def ensure_installed(self, log=print) -> Path:
-        root = self.install_dir()
-        done = root / ".installed"
-        if done.is_file() and done.read_text() == "\n".join(self.bundle_inputs):
-            return root
-        root.mkdir(parents=True, exist_ok=True)
-        done.unlink(missing_ok=True)
+    def build_install(self, root: Path, log=print) -> None:
         downloads, runtime, py = bundles_dir() / ".downloads", self.debian, self.python_version
         pyruntime.build_debian_runtime(root, runtime, downloads / "debian", log)
         log(f"pip install {len(self.pins)} pinned packages ({self.package}=={self.version}) into its bundle")
@@ -135,8 +151,6 @@ class DebianPythonAgent(PythonAgent):
         log(f"agent runtime: {n} libraries")
         pyruntime.compile_all(root, py)
         log(f"agent runtime: {pyruntime.self_test(root, self.imports, py)}")
-        done.write_text("\n".join(self.bundle_inputs))
-        return root
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         root = self.finished_install()
@@ -177,21 +191,16 @@ class HostPythonAgent(PythonAgent):
     imports: ClassVar[str]
     install_inputs: ClassVar[tuple[str, ...]]  # what its install is made from (a change reinstalls it)
 
-    def ensure_installed(self, log=print) -> Path:
-        root = self.install_dir()
-        done = root / ".installed"
-        if done.is_file() and done.read_text() == "\n".join(self.install_inputs):
-            return root
-        root.mkdir(parents=True, exist_ok=True)
-        done.unlink(missing_ok=True)
+    def install_key(self) -> tuple[str, ...]:
+        return self.install_inputs  # its pruning is the bundle's, not the install's: a change of it reinstalls nothing
+
+    def build_install(self, root: Path, log=print) -> None:
         pyruntime.build_runtime(root, log)
         log(f"pip install {len(self.pins)} pinned packages ({self.package}=={self.version}) into its bundle")
         pyruntime.pip_install(root, self.pins, pip_downloads(), log)
         log(f"agent runtime: {pyruntime.ship_libraries(root / pyruntime.RUNTIME, root / pyruntime.SITE)} libraries")
         pyruntime.compile_all(root)
         log(f"agent runtime: {pyruntime.self_test(root, self.imports)}")
-        done.write_text("\n".join(self.install_inputs))
-        return root
 
     def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
         root = self.finished_install()
