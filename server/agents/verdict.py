@@ -33,25 +33,24 @@ def classify_failure(outcome: AgentOutcome, facts: RunFacts) -> tuple[str, str] 
     """(kind, message) for a failed run; None when the run is usable (it may still have been budget-stopped)."""
     if facts.timed_out and not facts.stopped_after_budget:
         return "timeout", f"the agent was still running at its {facts.timeout_s:.0f}s deadline"
-    if facts.calls == 0:
+    no_calls = facts.calls == 0
+    if no_calls:
         unreachable = [e for e in facts.proxy_errors if any(h in e.lower() for h in UNREACHABLE_HINTS)]
         if unreachable:
             return "endpoint_unreachable", f"the proxy could not reach the engine: {unreachable[-1][:400]}"
         if outcome.error_kind == "endpoint_unreachable":
             return "endpoint_unreachable", f"the agent could not reach the model endpoint: {outcome.error}"
-        if facts.proxy_errors:
-            return "agent_crashed", f"every model call failed at the proxy: {facts.proxy_errors[-1][:400]}"
-        if outcome.error_kind:
-            return outcome.error_kind, outcome.error or "the agent reported an error"
-        if facts.exit_code != 0:
-            return "agent_crashed", f"exit code {facts.exit_code} before any model call: {facts.stderr_tail[-400:]}"
-        return "no_model_calls", "the agent ended without calling the model"
-    if facts.budget_exhausted:
+    elif facts.budget_exhausted:
         return None
+    # the same order with calls or without: the proxy's failures, the agent's own error, its exit code
     if facts.proxy_errors:
+        if no_calls:
+            return "agent_crashed", f"every model call failed at the proxy: {facts.proxy_errors[-1][:400]}"
         return "agent_crashed", f"{len(facts.proxy_errors)} model call(s) failed at the proxy: {facts.proxy_errors[0]}"
     if outcome.error_kind:
         return outcome.error_kind, outcome.error or "the agent reported an error"
     if facts.exit_code != 0:
+        if no_calls:
+            return "agent_crashed", f"exit code {facts.exit_code} before any model call: {facts.stderr_tail[-400:]}"
         return "agent_crashed", f"exit code {facts.exit_code}: {facts.stderr_tail[-500:]}"
-    return None
+    return ("no_model_calls", "the agent ended without calling the model") if no_calls else None
