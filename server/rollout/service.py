@@ -50,6 +50,8 @@ from swe_gym_env.wire import (
 
 Notify = Callable[[str], Awaitable[None]]
 KEEP_UNSTORED = 256  # finished rollouts whose result could not be stored (disk full), kept in memory
+# what the short failure that stands for a result that could not be stored keeps of it (no turns, no grading)
+STORE_FAILURE_FIELDS = {"instance_id", "capture_session_id", "stop_reason", "timings", "wall_s"}
 
 
 TRIM_AFTER_S = 2.0  # after a rollout finishes (its result sent by then), the heap it used goes back to the system
@@ -271,11 +273,7 @@ class RolloutService:
                     + (f"; the rollout itself: {result.error}" if result.error else ""),
                     result.phase,
                     rollout_id=rec.rollout_id,
-                    instance_id=result.instance_id,
-                    capture_session_id=result.capture_session_id,
-                    stop_reason=result.stop_reason,
-                    timings=result.timings,
-                    wall_s=result.wall_s,
+                    **result.model_dump(include=STORE_FAILURE_FIELDS),
                 )
                 with contextlib.suppress(OSError, sqlite3.Error):  # the short failure may still fit
                     self.store.put(result)
