@@ -53,19 +53,22 @@ def event(kind: str, data: dict) -> bytes:
 
 def _text_blocks(content: Any, where: str, t: Translation) -> str:
     """The text of a string or a list of text blocks (images refused, anything else dropped and reported)."""
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for block in content if isinstance(content, list) else []:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            _cache(block, t)
-            parts.append(str(block.get("text", "")))
-        elif kind in ("image", "document"):
-            raise DialectError(400, f"{IMAGES_REFUSED}: an {kind} block in {where}")
-        else:
-            t.lose(f"{kind} block in {where.split('[')[0]} dropped")
-    return "\n".join(parts)
+
+    def text(kind: str | None, block: Any) -> str | None:
+        if kind != "text":
+            return None
+        _cache(block, t)
+        return str(block.get("text", ""))
+
+    return translated.content_text(
+        content,
+        where,
+        t,
+        text,
+        refused=("image", "document"),
+        noun="block",
+        dropped=f"block in {where.split('[')[0]} dropped",
+    )
 
 
 def _cache(block: dict, t: Translation) -> None:

@@ -28,7 +28,7 @@ import orjson
 
 from swe_gym_env.server.capture.dialect import AgentRequest, AuxAnswer, AuxCall, DialectError, DialectRoute
 from swe_gym_env.server.capture.dialects import translated
-from swe_gym_env.server.capture.dialects.translated import IMAGES_REFUSED, DialectEvents, TranslatedDialect, Translation
+from swe_gym_env.server.capture.dialects.translated import DialectEvents, TranslatedDialect, Translation
 
 HANDLED = {
     "model", "input", "instructions", "stream", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
@@ -49,20 +49,14 @@ def event(data: dict) -> bytes:
 
 
 def _text(content: Any, where: str, t: Translation, allowed: tuple[str, ...]) -> str:
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for part in content if isinstance(content, list) else []:
-        kind = part.get("type") if isinstance(part, dict) else None
+    def text(kind: str | None, part: Any) -> str | None:
         if kind in allowed:
-            parts.append(str(part.get("text", "")))
-        elif kind == "refusal":
-            parts.append(str(part.get("refusal", "")))
-        elif kind in ("input_image", "input_file"):
-            raise DialectError(400, f"{IMAGES_REFUSED}: an {kind} part in {where}")
-        else:
-            t.lose(f"{kind} content part dropped")
-    return "\n".join(parts)
+            return str(part.get("text", ""))
+        return str(part.get("refusal", "")) if kind == "refusal" else None
+
+    return translated.content_text(
+        content, where, t, text, refused=("input_image", "input_file"), noun="part", dropped="content part dropped"
+    )
 
 
 class _Assistant:

@@ -21,7 +21,7 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,34 @@ class Translation:
 
 def text_of(parts: list[str], sep: str = "\n") -> str:
     return sep.join(parts)
+
+
+def content_text(
+    content: Any,
+    where: str,
+    t: Translation,
+    text: Callable[[str | None, Any], str | None],
+    *,
+    refused: tuple[str, ...],
+    noun: str,
+    dropped: str,
+) -> str:
+    """The text of a message's content (at ``where`` in the request): a string as it is; of a list of blocks (each a
+    ``noun``), what ``text`` takes of each given its type (None where it is no dict), one a line; a block it takes
+    nothing of (None) is refused (400) where its type is one of ``refused`` (images, files), else dropped and
+    reported (`<type> <dropped>`). Anything else: no text."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if (got := text(kind, block)) is not None:
+            parts.append(got)
+        elif kind in refused:
+            raise DialectError(400, f"{IMAGES_REFUSED}: an {kind} {noun} in {where}")
+        else:
+            t.lose(f"{kind} {dropped}")
+    return "\n".join(parts)
 
 
 def dumps_args(args: Any) -> str:
