@@ -5,9 +5,10 @@ from __future__ import annotations
 import shlex
 
 from swe_gym_env.server.rollout.record import RolloutFailure
-from swe_gym_env.server.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_gym_env.server.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxSpec
 from swe_gym_env.server.sandbox.registry import backend_class
 from swe_gym_env.tasks.models import Task
+from swe_gym_env.wire import Phase
 
 DIFF_LIMIT = 4 * 1024 * 1024
 SETUP_TIMEOUT_S = 600.0
@@ -39,27 +40,38 @@ async def run_task_setup(sbx: Sandbox, task: Task) -> str:
     return await commit_workspace(sbx, "task setup", "could not record the state after task setup")
 
 
+async def _git(sbx: Sandbox, command: str, phase: Phase, failure: str, tail: int) -> ExecResult:
+    """Run ``command`` (git, two minutes at most); a failure is ``phase``'s, saying ``failure`` and the last
+    ``tail`` characters of its stderr."""
+    r = await sbx.exec(command, timeout=120)
+    if not r.ok:
+        raise RolloutFailure(phase, f"{failure}: {r.stderr[-tail:]}")
+    return r
+
+
 async def commit_workspace(sbx: Sandbox, message: str, failure: str, before: str = "") -> str:
     """Run ``before`` (shell, may be empty), then commit everything in the workspace as ``message``; returns the
     commit, which the agent's diff is taken against. A failure is the boot phase's, saying ``failure``."""
-    r = await sbx.exec(
+    r = await _git(
+        sbx,
         f"{before}git add -A -- . && git -c user.name=swe-gym -c user.email=swe-gym@localhost commit -q "
         f"--allow-empty --no-verify -m {shlex.quote(message)} && git rev-parse HEAD",
-        timeout=120,
+        "boot",
+        failure,
+        300,
     )
-    if not r.ok:
-        raise RolloutFailure("boot", f"{failure}: {r.stderr[-300:]}")
     return r.stdout.strip().splitlines()[-1]
 
 
 async def extract_diff(sbx: Sandbox, base: str) -> str:
-    r = await sbx.exec(
+    await _git(
+        sbx,
         f"git add -A -- . {DIFF_EXCLUDES} && git diff --cached --binary --no-color "
         f"--no-ext-diff {shlex.quote(base)} > /tmp/.model.patch",
-        timeout=120,
+        "diff",
+        "could not extract the agent's diff",
+        500,
     )
-    if not r.ok:
-        raise RolloutFailure("diff", f"could not extract the agent's diff: {r.stderr[-500:]}")
     data = await sbx.read_file("/tmp/.model.patch", DIFF_LIMIT + 1)
     if len(data) > DIFF_LIMIT:
         raise RolloutFailure("diff", f"the agent's diff is over {DIFF_LIMIT} bytes")
