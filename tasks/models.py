@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from swe_gym_env.wire import TaskView
 
@@ -31,6 +31,27 @@ def _one_line(v: str | None, message: str = "must be a single line") -> str | No
     return v
 
 
+def single_lines(what: str) -> AfterValidator:
+    """A list field's check: each item one line (`_single_lines`), ``what`` naming an item in the error."""
+    return AfterValidator(lambda v: _single_lines(v, what))
+
+
+def one_line(message: str = "must be a single line") -> AfterValidator:
+    """A text field's check: no line break, no NUL (`_one_line`), else ``message``."""
+    return AfterValidator(lambda v: _one_line(v, message))
+
+
+def matching(pattern: re.Pattern[str], message: str) -> AfterValidator:
+    """A text field's check: ``pattern`` matches it, else ``message``."""
+
+    def check(v: str) -> str:
+        if not pattern.match(v):
+            raise ValueError(message)
+        return v
+
+    return AfterValidator(check)
+
+
 # A requirement string starts with a distribution name (then extras, specifiers, a marker or `@ URL`); never "-":
 # pip_packages go to pip as argv items, so a leading dash would be an option.
 REQUIREMENT_RE = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?)(?=$|[\s\[<>=!~;@])")
@@ -51,8 +72,12 @@ class InstallConfig(BaseModel):
     )
     env_yml_path: list[str] = Field([], max_length=16)
     pip_packages: list[str] = Field([], max_length=200, description="pip requirement strings (the test tooling).")
-    pre_install: list[str] = Field([], max_length=64, description="Shell lines run before `install`.")
-    install: str | None = Field(None, max_length=2000, description="Installs the repo itself, e.g. `pip install -e .`.")
+    pre_install: Annotated[list[str], single_lines("pre_install command")] = Field(
+        [], max_length=64, description="Shell lines run before `install`."
+    )
+    install: Annotated[str | None, one_line("install must be a single line")] = Field(
+        None, max_length=2000, description="Installs the repo itself, e.g. `pip install -e .`."
+    )
 
     @field_validator("python", mode="before")
     @classmethod
@@ -82,15 +107,10 @@ class InstallConfig(BaseModel):
                 raise ValueError(f"not a relative path in the repo: {path[:80]!r}")
         return v
 
-    @field_validator("pre_install")
-    @classmethod
-    def _pre_install(cls, v: list[str]) -> list[str]:
-        return _single_lines(v, "pre_install command")
-
     @field_validator("install")
     @classmethod
     def _install(cls, v: str | None) -> str | None:
-        return _one_line(v, "install must be a single line") or None
+        return v or None
 
     def requirement_names(self) -> list[str]:
         """The distribution names `pip_packages` declares (what must be importable metadata in the env)."""
@@ -100,8 +120,8 @@ class InstallConfig(BaseModel):
 class Task(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    instance_id: str
-    repo: str
+    instance_id: Annotated[str, matching(INSTANCE_RE, "instance_id must match [A-Za-z0-9_.-]{1,200}")]
+    repo: Annotated[str, matching(REPO_RE, "repo must look like OWNER/NAME")]
     base_commit: str = Field(pattern=r"^[0-9a-f]{7,40}$")
     problem_statement: str = Field(min_length=1, max_length=200_000)
     hints_text: str = ""
@@ -112,13 +132,13 @@ class Task(BaseModel):
     repo_source: str | None = Field(None, description="Local git repo or bundle (absolute path) for `local`.")
     image: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", description="Container image.")
     workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9_./-]{0,200}$")
-    env_activation: str | None = Field(
+    env_activation: Annotated[str | None, one_line()] = Field(
         None,
         max_length=1000,
         description="Shell line that activates the task's environment: the image's (conda `testbed`), or for a task "
         "with an `install_config` and a local repository, the `local` venv built from it when the image's is absent.",
     )
-    test_cmd: str = Field(PYTEST_CMD, max_length=500)
+    test_cmd: Annotated[str, one_line()] = Field(PYTEST_CMD, max_length=500)
     test_args: Literal["files", "django_labels"] = Field(
         "files", description="How the test patch's files are passed to test_cmd (django_labels: Django's runner)."
     )
@@ -134,33 +154,9 @@ class Task(BaseModel):
     eval_type: Literal["pass_and_fail", "fail_only"] = "pass_and_fail"
     version: str = Field("", max_length=100)
     dataset: str = Field("bundled", max_length=200, description="Where the row came from.")
-    setup_commands: list[str] = Field(
+    setup_commands: Annotated[list[str], single_lines("setup command")] = Field(
         [], max_length=32, description="Shell lines run in the work dir before the agent starts (and before grading)."
     )
-
-    @field_validator("instance_id")
-    @classmethod
-    def _instance_id(cls, v: str) -> str:
-        if not INSTANCE_RE.match(v):
-            raise ValueError("instance_id must match [A-Za-z0-9_.-]{1,200}")
-        return v
-
-    @field_validator("repo")
-    @classmethod
-    def _repo(cls, v: str) -> str:
-        if not REPO_RE.match(v):
-            raise ValueError("repo must look like OWNER/NAME")
-        return v
-
-    @field_validator("env_activation", "test_cmd")
-    @classmethod
-    def _one_line(cls, v: str | None) -> str | None:
-        return _one_line(v)
-
-    @field_validator("setup_commands")
-    @classmethod
-    def _setup_lines(cls, v: list[str]) -> list[str]:
-        return _single_lines(v, "setup command")
 
     @field_validator("eval_script")
     @classmethod
