@@ -219,6 +219,20 @@ def full_turns(source) -> list:
     return expand_turns(getattr(source, "turns", source))
 
 
+def audit_lines(text: str) -> list[list]:
+    """The Python agents' socket log (the launcher's audit hook: one JSON array per line) from a tool's output that
+    printed it; other lines (the probe's markers, a cut last line) are skipped."""
+    events = []
+    for line in text.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, list):
+            events.append(ev)
+    return events
+
+
 def reference_rows(result, roles=("agent", "aux")) -> list[tuple]:
     """Training rows the schema-1 way (every turn's whole prompt): the old `client.trainer.training_rows`, kept as
     the reference the compact form must reproduce. (turn indices, role, ids, mask, logprobs) per row."""

@@ -22,7 +22,7 @@ from swe_gym_env.server.agents.harnesses.mini_swe_agent import NET, PRUNED, Mini
 from swe_gym_env.server.engine.policy import SUBMIT_COMMAND, OraclePolicy
 from swe_gym_env.tasks.catalog import bundled_tasks
 
-from helpers import Stack, full_turns, rows_match_export
+from helpers import Stack, audit_lines, full_turns, rows_match_export
 
 TASK = "uiri__toml-0.10.2"  # as tests/test_task_images.py: one file, one hunk
 # the agent's own shell reads its network log ($HOME: landlock maps /home/agent only at the sandbox's API)
@@ -105,7 +105,7 @@ def net_log(result) -> list[list[str]]:
     seen = [t for t in full_turns(result)[1:] if "net-log-end" in str(t.request.get("messages"))]
     assert seen, "the probe's output never reached the model"
     text = json.loads(seen[0].request["messages"][-1]["content"])["output"]
-    return [json.loads(line) for line in text.splitlines() if line.startswith("[")]
+    return audit_lines(text)
 
 
 def say_times(sandbox: str, result) -> None:

@@ -30,7 +30,7 @@ from swe_gym_env.server.agents.base import AgentConfig, AgentError
 from swe_gym_env.server.agents.harnesses.openhands import NET, PY, OpenHandsHarness
 from swe_gym_env.server.sandbox.registry import backend_class
 
-from helpers import Stack, full_turns, rows_match_export
+from helpers import Stack, audit_lines, full_turns, rows_match_export
 
 TASK = "uiri__toml-0.10.2"  # as tests/test_mini_swe_agent.py: one file, one hunk
 PROBE = f"oracle+probe:cat $HOME/{NET.rsplit('/', 1)[1]}; echo net-log-end"
@@ -118,15 +118,7 @@ def net_log(result) -> list[list[str]]:
     seen = [t for t in full_turns(result)[1:] if "net-log-end" in str(t.request.get("messages"))]
     assert seen, "the probe's output never reached the model"
     text = next(_text(m.get("content")) for m in reversed(seen[0].request["messages"]) if m.get("role") == "tool")
-    events = []
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, list):
-            events.append(ev)
-    return events
+    return audit_lines(text)
 
 
 def assert_only_the_capture(events: list[list[str]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from swe_gym_env.wire import Turn
 
 AGENT_HOME = "/home/agent"
 BUNDLE_MOUNT = "/opt/swe-gym-agent"  # where the harness's bundle (server/agents/bundle.py) is, in every sandbox
+KEY_FILE = f"{AGENT_HOME}/.capture.env"  # the capture key (and the agent's other secrets): `NAME=value` lines, 0600
+LOAD_KEY = f"set -a; . {KEY_FILE}; set +a\n"  # a command's line that exports them: the key never goes into argv
+PROMPT_FILE = f"{AGENT_HOME}/prompt.txt"
 
 
 class AgentError(RuntimeError):
@@ -224,6 +228,12 @@ class Harness(Protocol):
     def parse_events(self, text: str) -> AgentOutcome: ...
 
 
+# What an agent's record says when its endpoint could not be reached (settle_errors' ``unreachable``), as the
+# HTTP clients word it: Python's (httpx, openai, litellm) and JavaScript's (fetch in Node and Bun).
+PYTHON_UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
+NODE_UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
+
+
 def settle_errors(
     out: AgentOutcome, errors: list[str], unreachable: tuple[str, ...], what: str = "error(s) in the agent"
 ) -> None:
@@ -237,6 +247,17 @@ def settle_errors(
     elif errors:
         out.error_kind = "agent_crashed"
         out.error = f"{len(errors)} {what}: {errors[-1][:400]}"
+
+
+def key_and_prompt(env: Mapping[str, str], prompt: str) -> dict[str, tuple[bytes, int]]:
+    """The two files every agent gets (config_files' entries, mode 0600): ``env`` (the capture key and any other
+    secret) as KEY_FILE, which its command exports with LOAD_KEY, and the task's prompt as PROMPT_FILE."""
+    return {KEY_FILE: key_file(env), PROMPT_FILE: (prompt.encode(), 0o600)}
+
+
+def key_file(env: Mapping[str, str]) -> tuple[bytes, int]:
+    """KEY_FILE's content and mode: ``env`` as `NAME=value` lines, values shell-quoted (LOAD_KEY sources it)."""
+    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()).encode(), 0o600
 
 
 DEFAULT_MAX_TURNS = 100

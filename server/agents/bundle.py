@@ -253,6 +253,7 @@ class BundledHarness:
 
     name: ClassVar[str]
     version: ClassVar[str]
+    dialect: ClassVar[str] = "openai-chat"  # the capture dialect it speaks by default: Chat Completions unless it says
     bundle_inputs: ClassVar[tuple[str, ...]] = ()
     installer: ClassVar[str] = "npm install"
     needs_pty: ClassVar[bool] = False  # its terminal runs a shell on a pty: sandboxes with `has_ptys` / `gives_ptys`
@@ -267,11 +268,11 @@ class BundledHarness:
 
 
 class NativeBinaryHarness(BundledHarness):
-    """A harness that is one self-contained Bun executable from its npm platform package (`bin/<cli>` in it, no
-    install script), bundled with the static ripgrep (`bin/rg`): OpenCode, Kilo Code, Cline, Droid. Its bundle probe
-    and verifier run the binary as plain Bun (``BUN_BE_BUN=1``: `--version` in ~5 ms, where OpenCode's own takes
-    ~1.6 s, and a JS runtime that checks the digest where the image has no sha256sum), unless the class names its
-    own."""
+    """A harness that is one self-contained executable from its npm platform package (`bin/<cli>` in it, no install
+    script), bundled with the static ripgrep (`bin/rg`): OpenCode, Kilo Code, Cline, Droid (Bun executables), Claude
+    Code. Its bundle probe and verifier run the binary as plain Bun (``BUN_BE_BUN=1``: `--version` in ~5 ms, where
+    OpenCode's own takes ~1.6 s, and a JS runtime that checks the digest where the image has no sha256sum), unless
+    the class names its own (Claude Code does)."""
 
     package: ClassVar[str]
     cli: ClassVar[str]  # the executable's name in the package's bin/ and in the bundle's

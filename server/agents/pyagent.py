@@ -11,11 +11,27 @@ from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import AGENT_HOME, BUNDLE_MOUNT, AgentConfig, AgentError
+from swe_gym_env.server.agents.base import (
+    AGENT_HOME,
+    BUNDLE_MOUNT,
+    KEY_FILE,
+    LOAD_KEY,
+    AgentConfig,
+    AgentError,
+    key_file,
+)
 from swe_gym_env.server.agents.bundle import PRUNE_SUFFIXES, SKIP_DIRS, BundledHarness, bundles_dir
 from swe_gym_env.server.agents.provision import pip_downloads
 
-KEY_FILE = f"{AGENT_HOME}/.capture.env"
+# what litellm and the Hugging Face hub client beneath the litellm-based agents honour: no fetch, no telemetry
+LITELLM_QUIET = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else a fetch of model_prices_and_context_window.json from GitHub
+    "LITELLM_TELEMETRY": "False",
+    "LITELLM_LOG": "ERROR",
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "1",
+}
 # the launcher's first lines: every connect / name lookup / datagram of the agent's Python, one JSON line each, to
 # the file $SWE_GYM_NET_LOG names (the variable is taken out before the agent runs)
 AUDIT = """import json, os, sys
@@ -93,7 +109,7 @@ class PythonAgent(BundledHarness):
             self.config_path: (self.config_text(cfg, prompt), 0o600),
             self.launch_path: (self.launcher.encode(), 0o600),
             **self.extra_files(),
-            KEY_FILE: (f"{self.key_env}={shlex.quote(key)}\n".encode(), 0o600),
+            KEY_FILE: key_file({self.key_env: key}),
         }
 
     def environment(self) -> str:
@@ -105,7 +121,7 @@ class PythonAgent(BundledHarness):
             p = self.unset_prefix
             unset += f"for v in $(env | sed -n 's/^\\({p}[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
         return (
-            f"set -a; . {KEY_FILE}; set +a\n{unset}"
+            f"{LOAD_KEY}{unset}"
             f"export {quiet} SWE_GYM_NET_LOG={self.net_path} XDG_CONFIG_HOME={AGENT_HOME}/.config "
             f"XDG_CACHE_HOME={AGENT_HOME}/.cache\n"
         )

@@ -37,16 +37,17 @@ import re
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    run_and_collect,
-    settle_errors,
-)
-from swe_gym_env.server.agents.pyagent import AUDIT, HostPythonAgent
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import LITELLM_QUIET
+from swe_gym_env.server.agents.pyagent import HostPythonAgent
 
 LLM_LOG = f"{AGENT_HOME}/aider-llm-history.txt"
 CHAT_LOG = f"{AGENT_HOME}/aider-chat-history.md"
@@ -57,7 +58,6 @@ SETTINGS = f"{AGENT_HOME}/aider-model-settings.yml"
 METADATA = f"{AGENT_HOME}/aider-model-metadata.json"
 PRICES = f"{AGENT_HOME}/.aider/caches/model_prices_and_context_window.json"  # its price-table cache (24 h)
 LAUNCH = f"{AGENT_HOME}/aider-launch.py"
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 # litellm's providers that /capture speaks (harness option `api`) -> (the capture dialect, what the base URL ends with,
 # how Aider is told it: OpenAI's by its own switch, Anthropic's through the environment litellm reads)
 APIS = {
@@ -111,12 +111,7 @@ sys.exit(aider_main.main())
 """
 )
 QUIET = {
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm's own table from the package (Aider's cache: pre-seeded)
-    "LITELLM_TELEMETRY": "False",
-    "LITELLM_LOG": "ERROR",
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DO_NOT_TRACK": "1",
+    **LITELLM_QUIET,  # litellm's own price table from the package (Aider's cache: pre-seeded)
     "HOME": AGENT_HOME,  # its ~/.aider (analytics switch, price-table cache, installs file): ours
 }
 # the switches of its command line: one-shot, no questions, nothing of its own beyond the calls the edits need
@@ -151,7 +146,6 @@ def llm_replies(text: str) -> list[str]:
 class AiderHarness(HostPythonAgent):
     name: ClassVar[str] = "aider"
     version: ClassVar[str] = "0.86.2"
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt (system prompt + its edit-format examples + the task) measured ~2.4k tokens with the demo
     # task; the files it adds to its chat come on top: room for a few files of source
     min_context_tokens: ClassVar[int] = 8192
@@ -205,7 +199,7 @@ class AiderHarness(HostPythonAgent):
             **super().config_files(cfg, key, prompt),
             METADATA: (meta, 0o600),
             PRICES: (meta, 0o600),  # a fresh, non-empty cache: Aider fetches none
-            PROMPT: (prompt.encode(), 0o600),
+            PROMPT_FILE: (prompt.encode(), 0o600),
         }
 
     def command(self, cfg: AgentConfig) -> str:
@@ -217,7 +211,7 @@ class AiderHarness(HostPythonAgent):
             f"{endpoint} --model-settings-file {SETTINGS} --model-metadata-file {METADATA} "
             f"--llm-history-file {LLM_LOG} --chat-history-file {CHAT_LOG} "
             f"--input-history-file {AGENT_HOME}/aider-input-history.txt --max-chat-history-tokens "
-            f"{int(cfg.context_window)} {FLAGS} --message-file {PROMPT} < /dev/null > {LOG} 2>&1"
+            f"{int(cfg.context_window)} {FLAGS} --message-file {PROMPT_FILE} < /dev/null > {LOG} 2>&1"
         )
         # litellm's Anthropic provider reads its own variable: the key from the env file, never argv
         key = 'export ANTHROPIC_API_KEY="$OPENAI_API_KEY"\n' if cfg.options.get("api") == "anthropic" else ""

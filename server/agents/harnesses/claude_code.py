@@ -24,26 +24,25 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    jsonl_objects,
-    max_turns,
-    npm_install,
-    run_and_collect,
-    settle_errors,
-)
-from swe_gym_env.server.agents.bundle import RIPGREP, BundledHarness
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import NODE_UNREACHABLE
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import max_turns
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.bundle import NativeBinaryHarness
 
 CONFIG_DIR = f"{AGENT_HOME}/.claude"
 EVENTS = f"{AGENT_HOME}/claude-events.jsonl"
 STDOUT = f"{AGENT_HOME}/claude-stream.jsonl"
 STDERR = f"{AGENT_HOME}/claude-stderr.txt"
 DISALLOWED = ("WebFetch", "WebSearch")
-UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
 QUIET_ENV = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_AUTOUPDATER": "1",
@@ -59,29 +58,19 @@ QUIET_ENV = {
 }
 
 
-class ClaudeCodeHarness(BundledHarness):
+class ClaudeCodeHarness(NativeBinaryHarness):
     name: ClassVar[str] = "claude-code"
     version: ClassVar[str] = "2.1.332"
     dialect: ClassVar[str] = "anthropic-messages"
     min_context_tokens: ClassVar[int] = 32768  # its system prompt and tools are ~20k tokens
     package: ClassVar[str] = "@anthropic-ai/claude-code-linux-x64"
-    needs_node: ClassVar[bool] = False  # a self-contained native executable
-    bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = (RIPGREP,)
+    cli: ClassVar[str] = "claude"
     min_glibc: ClassVar[str] = "2.26"  # objdump -T of the binary
     bundle_probe: ClassVar[str] = "./bin/rg --version >/dev/null && test -x ./bin/claude"
     bundle_verifier: ClassVar[str | None] = None
 
     def binary(self, root: Path) -> Path:
-        return root / "node_modules" / self.package / "claude"
-
-    def ensure_installed(self, log=print) -> Path:
-        root = self.install_dir()
-        if not self.binary(root).is_file():
-            npm_install(root, f"{self.package}@{self.version}", self.binary(root), log=log)
-        return root
-
-    def bundle_contents(self, artifacts: dict[str, Path]) -> dict[str, Path]:
-        return {"bin/claude": self.binary(self.install_dir()), "bin/rg": artifacts[RIPGREP.package]}
+        return root / "node_modules" / self.package / self.cli  # at the package's root, not in its bin/
 
     def env(self, cfg: AgentConfig) -> dict[str, str]:
         return {
@@ -102,11 +91,9 @@ class ClaudeCodeHarness(BundledHarness):
             "includeCoAuthoredBy": False,
             "env": {},
         }
-        env = "".join(f"{k}={shlex.quote(v)}\n" for k, v in self.env(cfg).items())
         return {
             f"{CONFIG_DIR}/settings.json": (json.dumps(settings, indent=2).encode(), 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"ANTHROPIC_API_KEY={shlex.quote(key)}\n{env}".encode(), 0o600),
-            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+            **key_and_prompt({"ANTHROPIC_API_KEY": key, **self.env(cfg)}, prompt),
         }
 
     def command(self, cfg: AgentConfig) -> str:
@@ -114,12 +101,12 @@ class ClaudeCodeHarness(BundledHarness):
             f"{BUNDLE_MOUNT}/bin/claude -p --output-format stream-json --verbose --dangerously-skip-permissions "
             f"--strict-mcp-config --setting-sources user --max-turns {max_turns(cfg)} "
             f"--disallowedTools {','.join(DISALLOWED)} --model {shlex.quote(cfg.model)} "
-            f"< {AGENT_HOME}/prompt.txt > {STDOUT} 2> {STDERR}"
+            f"< {PROMPT_FILE} > {STDOUT} 2> {STDERR}"
         )
         return (
             "unset ANTHROPIC_AUTH_TOKEN ANTHROPIC_API_KEY CLAUDE_CODE_USE_BEDROCK CLAUDE_CODE_USE_VERTEX\n"
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export PATH={BUNDLE_MOUNT}/bin:$PATH\n"
+            + LOAD_KEY
+            + f"export PATH={BUNDLE_MOUNT}/bin:$PATH\n"
             + run_and_collect(run, f"{CONFIG_DIR}/projects/*/*.jsonl {STDOUT}", EVENTS)
         )
 
@@ -159,5 +146,5 @@ class ClaudeCodeHarness(BundledHarness):
                 errors.append(str(ev.get("result") or ev.get("subtype") or "the run failed"))
         for mid in order:
             out.add_step(tokens[mid], tuple(calls[mid]))
-        settle_errors(out, errors, UNREACHABLE)
+        settle_errors(out, errors, NODE_UNREACHABLE)
         return out

@@ -28,23 +28,24 @@ import json
 import shlex
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    as_dict,
-    as_list,
-    jsonl_objects,
-    run_and_collect,
-    settle_errors,
-)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import NODE_UNREACHABLE
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import as_list
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
 from swe_gym_env.server.agents.bundle import NativeBinaryHarness
 
 HOME = f"{AGENT_HOME}/.cline-run"
 DATA = f"{HOME}/data"
 SETTINGS = f"{HOME}/global-settings.json"
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 EVENTS = f"{AGENT_HOME}/cline-events.jsonl"
 STDOUT = f"{AGENT_HOME}/cline-stream.jsonl"
 STDERR = f"{AGENT_HOME}/cline-stderr.txt"
@@ -57,7 +58,6 @@ APIS = {
     "openai-native": ("openai-responses", "/v1", "OPENAI_API_KEY"),
     "anthropic": ("anthropic-messages", "/v1", "ANTHROPIC_API_KEY"),
 }
-UNREACHABLE = ("connect", "econnrefused", "unable to connect", "fetch failed", "timed out", "timeout", "socket")
 TEAM_TOOLS = tuple(
     f"team_{t}"
     for t in (
@@ -74,7 +74,6 @@ class ClineHarness(NativeBinaryHarness):
     version: ClassVar[str] = "3.0.65"
     package: ClassVar[str] = "@cline/cli-linux-x64"
     cli: ClassVar[str] = "cline"
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt measured 2.9k tokens on the demo task (system prompt + the tools it keeps); the rest is room for
     # its compaction, which keeps a summary and its output limit below the window
     min_context_tokens: ClassVar[int] = 16384
@@ -98,21 +97,20 @@ class ClineHarness(NativeBinaryHarness):
             f"{DATA}/settings/providers.json": (json.dumps(providers, indent=2).encode(), 0o600),
             SETTINGS: (json.dumps(globals_, indent=2).encode(), 0o600),
             f"{HOME}/config/.keep": (b"", 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"{APIS[api][2]}={shlex.quote(key)}\n".encode(), 0o600),
-            PROMPT: (prompt.encode(), 0o600),
+            **key_and_prompt({APIS[api][2]: key}, prompt),
         }
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
             f"{BUNDLE_MOUNT}/bin/cline --json -P {cfg.options.get('api', PROVIDER)} -m {shlex.quote(cfg.model)} "
             f"--data-dir {DATA} "
-            f'--config {HOME}/config --hooks-dir {HOME}/config/hooks "$(cat {PROMPT})" '
+            f'--config {HOME}/config --hooks-dir {HOME}/config/hooks "$(cat {PROMPT_FILE})" '
             f"< /dev/null > {STDOUT} 2> {STDERR}"
         )
         return (
             "for v in $(env | sed -n 's/^\\(CLINE_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export PATH={BUNDLE_MOUNT}/bin:$PATH CLINE_GLOBAL_SETTINGS_PATH={SETTINGS} IS_TEST=true\n"
+            + LOAD_KEY
+            + f"export PATH={BUNDLE_MOUNT}/bin:$PATH CLINE_GLOBAL_SETTINGS_PATH={SETTINGS} IS_TEST=true\n"
             + run_and_collect(run, f"{DATA}/sessions/*/*.messages.json {STDOUT}", EVENTS)
         )
 
@@ -133,5 +131,5 @@ class ClineHarness(NativeBinaryHarness):
         for ev in jsonl_objects(text.lstrip()[end:] if end else text):
             if ev.get("type") == "error":
                 errors.append(str(ev.get("message") or "error"))
-        settle_errors(out, errors, UNREACHABLE, "error(s) in the agent")
+        settle_errors(out, errors, NODE_UNREACHABLE, "error(s) in the agent")
         return out

@@ -25,17 +25,18 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    jsonl_objects,
-    npm_install,
-    run_and_collect,
-    settle_errors,
-)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import npm_install
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
 from swe_gym_env.server.agents.bundle import BundledHarness
 
 PROVIDER = "capture"
@@ -119,18 +120,16 @@ class CodexHarness(BundledHarness):
     def config_files(self, cfg: AgentConfig, key: str, prompt: str) -> dict[str, tuple[bytes, int]]:
         return {
             f"{CODEX_HOME}/config.toml": (self.config_toml(cfg).encode(), 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
-            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+            **key_and_prompt({KEY_ENV: key}, prompt),
         }
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
             f"{BUNDLE_MOUNT}/bin/codex exec --json --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "
-            f"--model {shlex.quote(cfg.model)} - < {AGENT_HOME}/prompt.txt > {STDOUT} 2> {STDERR}"
+            f"--model {shlex.quote(cfg.model)} - < {PROMPT_FILE} > {STDOUT} 2> {STDERR}"
         )
         return (
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export CODEX_HOME={CODEX_HOME} PATH={BUNDLE_MOUNT}/bin:$PATH RUST_LOG=error "
+            LOAD_KEY + f"export CODEX_HOME={CODEX_HOME} PATH={BUNDLE_MOUNT}/bin:$PATH RUST_LOG=error "
             "CODEX_DISABLE_TELEMETRY=1 NO_BROWSER=1\n"
             "unset OPENAI_API_KEY OPENAI_BASE_URL CODEX_API_KEY\n"
             + run_and_collect(run, f"{CODEX_HOME}/sessions/*/*/*/rollout-*.jsonl {STDOUT}", EVENTS)

@@ -31,25 +31,24 @@ with its `tool_use` ids; no per-call token counts), copied to a fixed path while
 from __future__ import annotations
 
 import json
-import shlex
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    as_dict,
-    as_list,
-    jsonl_objects,
-    run_and_collect,
-    settle_errors,
-)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import as_list
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
 from swe_gym_env.server.agents.bundle import NativeBinaryHarness
 
 HOME = f"{AGENT_HOME}/.droid-home"
 ORG_SETTINGS = f"{AGENT_HOME}/.droid-org-settings.json"
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 EVENTS = f"{AGENT_HOME}/droid-events.jsonl"
 STDOUT = f"{AGENT_HOME}/droid-stream.jsonl"
 STDERR = f"{AGENT_HOME}/droid-stderr.txt"
@@ -76,7 +75,6 @@ class DroidHarness(NativeBinaryHarness):
     version: ClassVar[str] = "0.215.0"
     package: ClassVar[str] = "@factory/cli-linux-x64"
     cli: ClassVar[str] = "droid"
-    dialect: ClassVar[str] = "openai-chat"
     min_context_tokens: ClassVar[int] = 16384
     bundle_probe: ClassVar[str] = "./bin/droid --version && ./bin/rg --version >/dev/null"
     events_path = EVENTS
@@ -107,20 +105,19 @@ class DroidHarness(NativeBinaryHarness):
         return {
             ORG_SETTINGS: (json.dumps(org, indent=2).encode(), 0o600),
             f"{HOME}/.factory/settings.json": (json.dumps(settings).encode(), 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"SWE_GYM_CAPTURE_KEY={shlex.quote(key)}\n".encode(), 0o600),
-            PROMPT: (prompt.encode(), 0o600),
+            **key_and_prompt({"SWE_GYM_CAPTURE_KEY": key}, prompt),
         }
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
             f"{BUNDLE_MOUNT}/bin/droid exec --skip-permissions-unsafe --disable-builtin-skills "
-            f"--only-tools {','.join(TOOLS)} -o stream-json -m {MODEL_ID} -f {PROMPT} "
+            f"--only-tools {','.join(TOOLS)} -o stream-json -m {MODEL_ID} -f {PROMPT_FILE} "
             f"< /dev/null > {STDOUT} 2> {STDERR}"
         )
         return (
             "for v in $(env | sed -n 's/^\\(\\(FACTORY\\|DROID\\)_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export PATH={BUNDLE_MOUNT}/bin:$PATH FACTORY_HOME_OVERRIDE={HOME} "
+            + LOAD_KEY
+            + f"export PATH={BUNDLE_MOUNT}/bin:$PATH FACTORY_HOME_OVERRIDE={HOME} "
             f"FACTORY_ORG_MANAGED_SETTINGS_LOCAL_PATH={ORG_SETTINGS} FACTORY_AIRGAP_ENABLED=1 "
             f"FACTORY_RIPGREP_PATH={BUNDLE_MOUNT}/bin/rg\n"
             + run_and_collect(run, f"{HOME}/.factory/sessions/*/*.jsonl {STDOUT}", EVENTS)

@@ -26,19 +26,22 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    jsonl_objects,
-    max_turns,
-    npm_install,
-    run_and_collect,
-    settle_errors,
-)
-from swe_gym_env.server.agents.bundle import NODE, BundledHarness
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import NODE_UNREACHABLE
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import max_turns
+from swe_gym_env.server.agents.base import npm_install
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.bundle import NODE
+from swe_gym_env.server.agents.bundle import BundledHarness
 
 CLI_HOME = f"{AGENT_HOME}/.gemini-home"
 SYSTEM_SETTINGS = f"{AGENT_HOME}/.gemini-system-settings.json"
@@ -46,7 +49,6 @@ EVENTS = f"{AGENT_HOME}/gemini-events.jsonl"
 STDOUT = f"{AGENT_HOME}/gemini-stream.jsonl"
 STDERR = f"{AGENT_HOME}/gemini-stderr.txt"
 NO_MCP = "swe-gym-no-mcp-server"  # the only MCP server name allowed: none has it
-UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "timed out", "timeout", "socket")
 
 
 def _call_id(call: dict) -> str:
@@ -148,8 +150,7 @@ class GeminiCliHarness(BundledHarness):
         return {
             self.system_settings: (settings, 0o600),
             self.user_settings_path(): (settings, 0o600),
-            f"{AGENT_HOME}/.capture.env": ("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()).encode(), 0o600),
-            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+            **key_and_prompt(env, prompt),
         }
 
     def run_args(self, cfg: AgentConfig) -> str:
@@ -162,10 +163,10 @@ class GeminiCliHarness(BundledHarness):
     def command(self, cfg: AgentConfig) -> str:
         run = (
             f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{self.bundle_dir}/node_modules/{self.package}/{self.entry} "
-            f"{self.run_args(cfg)} < {AGENT_HOME}/prompt.txt > {self.stdout_path} 2> {self.log_path}"
+            f"{self.run_args(cfg)} < {PROMPT_FILE} > {self.stdout_path} 2> {self.log_path}"
         )
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.paths(cfg).items())
-        setup = f"unset {' '.join(self.unset)}\nset -a; . {AGENT_HOME}/.capture.env; set +a\nexport {exports}\n"
+        setup = f"unset {' '.join(self.unset)}\n{LOAD_KEY}export {exports}\n"
         return setup + run_and_collect(run, f"{self.transcripts()} {self.stdout_path}", self.events_path)
 
     def parse_events(self, text: str) -> AgentOutcome:
@@ -188,5 +189,5 @@ class GeminiCliHarness(BundledHarness):
                 errors.append(str(err.get("message") if isinstance(err, dict) else err or "the run failed"))
         for n, ids in replies.values():
             out.add_step(n, ids)
-        settle_errors(out, errors, UNREACHABLE)
+        settle_errors(out, errors, NODE_UNREACHABLE)
         return out

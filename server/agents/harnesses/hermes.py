@@ -36,17 +36,18 @@ import re
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    max_turns,
-    run_and_collect,
-    settle_errors,
-)
-from swe_gym_env.server.agents.pyagent import AUDIT, HostPythonAgent
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import PYTHON_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import max_turns
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import HostPythonAgent
 
 HERMES_HOME = f"{AGENT_HOME}/.hermes-home"
 CONFIG = f"{HERMES_HOME}/config.yaml"
@@ -56,7 +57,6 @@ EVENTS = f"{AGENT_HOME}/hermes-events.log"
 LOG = f"{AGENT_HOME}/hermes-log.txt"
 NET = f"{AGENT_HOME}/hermes-net.jsonl"
 LAUNCH = f"{AGENT_HOME}/hermes-launch.py"
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 MIN_CONTEXT = 65536  # agent/model_metadata.py: MINIMUM_CONTEXT_LENGTH (64K): it refuses a model with less
 TOOLSETS = "terminal,file,todo"
 # its API modes that /capture speaks (harness option `api`, its `model.api_mode`) -> (the capture dialect, what its
@@ -67,7 +67,6 @@ APIS = {
     "anthropic_messages": ("anthropic-messages", ""),
 }
 DEFAULT_API = "chat_completions"
-UNREACHABLE = ("connection", "connect", "unreachable", "timed out", "timeout", "name or service")
 
 PINS: tuple[str, ...] = tuple(
     """hermes-agent==0.19.0 annotated-doc==0.0.7 annotated-types==0.8.0 anyio==4.16.0 certifi==2026.5.20 cffi==2.1.1
@@ -104,7 +103,6 @@ FAILED = re.compile(r" (?:ERROR|WARNING) .*?API call failed(.*)$")
 class HermesHarness(HostPythonAgent):
     name: ClassVar[str] = "hermes"
     version: ClassVar[str] = "0.19.0"
-    dialect: ClassVar[str] = "openai-chat"
     min_context_tokens: ClassVar[int] = MIN_CONTEXT
     package: ClassVar[str] = "hermes-agent"
     bundle_artifacts: ClassVar[tuple[NpmArtifact, ...]] = ()
@@ -148,12 +146,12 @@ class HermesHarness(HostPythonAgent):
         return {
             **super().config_files(cfg, key, prompt),
             UPDATE_CHECK: (json.dumps(fresh).encode(), 0o600),
-            PROMPT: (prompt.encode(), 0o600),
+            PROMPT_FILE: (prompt.encode(), 0o600),
         }
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
-            f"{pyruntime.python_command(BUNDLE_MOUNT)} {LAUNCH} {PROMPT} -Q --yolo --max-turns {max_turns(cfg)} "
+            f"{pyruntime.python_command(BUNDLE_MOUNT)} {LAUNCH} {PROMPT_FILE} -Q --yolo --max-turns {max_turns(cfg)} "
             f"-t {TOOLSETS} --ignore-rules < /dev/null > {LOG} 2>&1"
         )
         return self.environment() + run_and_collect(run, AGENT_LOG, EVENTS)
@@ -167,5 +165,5 @@ class HermesHarness(HostPythonAgent):
                 errors = []
             elif m := FAILED.search(line):
                 errors.append("API call failed" + m.group(1)[:300])
-        settle_errors(out, errors, UNREACHABLE, "failed attempt(s) at its last model call")
+        settle_errors(out, errors, PYTHON_UNREACHABLE, "failed attempt(s) at its last model call")
         return out

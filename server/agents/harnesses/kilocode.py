@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import AGENT_HOME, AgentConfig
-from swe_gym_env.server.agents.harnesses.opencode import PROVIDER, OpenCodeHarness
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.harnesses.opencode import PROVIDER
+from swe_gym_env.server.agents.harnesses.opencode import OpenCodeHarness
 
 
 class KiloCodeHarness(OpenCodeHarness):

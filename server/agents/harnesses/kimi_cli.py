@@ -31,31 +31,30 @@ from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    as_dict,
-    jsonl_objects,
-    max_turns,
-    run_and_collect,
-    settle_errors,
-)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import PYTHON_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import max_turns
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
 from swe_gym_env.server.agents.bundle import RIPGREP
-from swe_gym_env.server.agents.pyagent import AUDIT, DebianPythonAgent
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import DebianPythonAgent
 
 PY = pyruntime.TRIXIE_PYTHON.version
 SHARE = f"{AGENT_HOME}/.kimi-share"
 CONFIG = f"{AGENT_HOME}/kimi-config.toml"
 AGENT_FILE = f"{AGENT_HOME}/kimi-agent.yaml"
 LAUNCH = f"{AGENT_HOME}/kimi-launch.py"
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 EVENTS = f"{AGENT_HOME}/kimi-events.jsonl"
 LOG = f"{AGENT_HOME}/kimi-log.txt"
 NET = f"{AGENT_HOME}/kimi-net.jsonl"
-UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
 
 PINS: tuple[str, ...] = tuple(
     """agent-client-protocol==0.8.0 aiofile==3.12.3 aiofiles==25.1.0 aiohappyeyeballs==2.7.1 aiohttp==3.13.3
@@ -129,7 +128,6 @@ QUIET = {
 class KimiCliHarness(DebianPythonAgent):
     name: ClassVar[str] = "kimi-cli"
     version: ClassVar[str] = "1.51.0"
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt measured 10.4k tokens on the demo task (system prompt + the tools it keeps): room to act
     min_context_tokens: ClassVar[int] = 16384
     package: ClassVar[str] = "kimi-cli"
@@ -173,7 +171,7 @@ class KimiCliHarness(DebianPythonAgent):
         return {
             **super().config_files(cfg, key, prompt),
             AGENT_FILE: (agent.encode(), 0o600),
-            PROMPT: (prompt.encode(), 0o600),
+            PROMPT_FILE: (prompt.encode(), 0o600),
         }
 
     def environment(self) -> str:
@@ -181,7 +179,7 @@ class KimiCliHarness(DebianPythonAgent):
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
-            f"{pyruntime.python_command(BUNDLE_MOUNT, PY)} {LAUNCH} {PROMPT} {CONFIG} "
+            f"{pyruntime.python_command(BUNDLE_MOUNT, PY)} {LAUNCH} {PROMPT_FILE} {CONFIG} "
             f"--agent-file {AGENT_FILE} --print --output-format stream-json --yolo "
             f"< /dev/null > {AGENT_HOME}/kimi-stream.jsonl 2> {LOG}"
         )
@@ -204,5 +202,5 @@ class KimiCliHarness(DebianPythonAgent):
                 calls = []
             elif kind == "StepInterrupted":
                 errors.append("a step was interrupted (the model call failed: see the agent's log)")
-        settle_errors(out, errors, UNREACHABLE, "step(s) interrupted in the agent")
+        settle_errors(out, errors, PYTHON_UNREACHABLE, "step(s) interrupted in the agent")
         return out

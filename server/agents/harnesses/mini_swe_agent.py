@@ -32,14 +32,16 @@ import json
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    settle_errors,
-)
-from swe_gym_env.server.agents.pyagent import AUDIT, HostPythonAgent, without  # noqa: F401 (without: its old home)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import PYTHON_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import LITELLM_QUIET
+from swe_gym_env.server.agents.pyagent import HostPythonAgent
+from swe_gym_env.server.agents.pyagent import without  # noqa: F401 (without: its old home)
 
 TRAJ = f"{AGENT_HOME}/mini-traj.json"
 LOG = f"{AGENT_HOME}/mini-log.txt"
@@ -50,7 +52,6 @@ SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini.yaml's submission comma
 # exit statuses that are not the agent's failures: it submitted, hit its step limit, or the model answered without a
 # tool call three times in a row (the model's doing: graded as it stands, like a run whose model stopped early)
 ENDED = ("Submitted", "LimitsExceeded", "RepeatedFormatError")
-UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
 # pip's resolution of mini-swe-agent==2.4.6 (2026), less `datasets` and its own dependencies (dill, multiprocess,
 # numpy, pandas, pyarrow, xxhash): installed with --no-deps, so this list is the whole environment
 PINS: tuple[str, ...] = tuple(
@@ -91,19 +92,13 @@ QUIET = {  # what mini-swe-agent and litellm honour: no prompts, no banner, no f
     # within ~15 s of waiting, like the other agents, well before a rollout's deadline (its OpenAI client retries
     # inside each attempt too, so the proxy still sees its limit of failures in a row where the engine is gone)
     "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else a fetch of model_prices_and_context_window.json from GitHub
-    "LITELLM_TELEMETRY": "False",
-    "LITELLM_LOG": "ERROR",
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DO_NOT_TRACK": "1",
+    **LITELLM_QUIET,
 }
 
 
 class MiniSweAgentHarness(HostPythonAgent):
     name: ClassVar[str] = "mini-swe-agent"
     version: ClassVar[str] = "2.4.6"
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt (system + mini.yaml's instance template + its one bash tool) measured 1,223 SmolLM2 tokens with
     # the demo task's issue in it (1,245 under landlock: a longer work-tree path); room for a few steps, as Pi's
     min_context_tokens: ClassVar[int] = 4096
@@ -168,5 +163,5 @@ class MiniSweAgentHarness(HostPythonAgent):
             calls = (choices[0].get("message") or {}).get("tool_calls") or []
             n = usage.get("completion_tokens") if isinstance(usage, dict) else None
             out.add_step(n if isinstance(n, int) else None, tuple(str(c.get("id")) for c in calls))
-        settle_errors(out, errors, UNREACHABLE)
+        settle_errors(out, errors, PYTHON_UNREACHABLE)
         return out

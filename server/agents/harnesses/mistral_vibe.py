@@ -32,27 +32,27 @@ import json
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    as_dict,
-    as_list,
-    jsonl_objects,
-    max_turns,
-    run_and_collect,
-    settle_errors,
-)
-from swe_gym_env.server.agents.pyagent import AUDIT, DebianPythonAgent
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import PYTHON_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import as_list
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import max_turns
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import DebianPythonAgent
 
 PY = pyruntime.TRIXIE_PYTHON.version
 VIBE_HOME = f"{AGENT_HOME}/.vibe-home"
 CONFIG = f"{VIBE_HOME}/config.toml"
 LAUNCH = f"{AGENT_HOME}/vibe-app-server.py"
 SERVER = f"{AGENT_HOME}/vibe-app-server"  # $VIBE_APP_SERVER_BIN: runs LAUNCH on the bundle's Python
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 EVENTS = f"{AGENT_HOME}/vibe-events.jsonl"
 STDOUT = f"{AGENT_HOME}/vibe-stream.jsonl"
 LOG = f"{AGENT_HOME}/vibe-log.txt"
@@ -68,7 +68,6 @@ APIS = {
     "anthropic": ("anthropic-messages", ""),
 }
 DEFAULT_API = "openai"
-UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
 
 PINS: tuple[str, ...] = tuple(
     """agent-client-protocol==0.11.0 annotated-types==0.7.0 anyio==4.15.1 attrs==26.1.0 backports.tarfile==1.2.0
@@ -126,7 +125,6 @@ def _toml(value: object) -> str:
 class MistralVibeHarness(DebianPythonAgent):
     name: ClassVar[str] = "mistral-vibe"
     version: ClassVar[str] = "3.0.2"
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt measured 8.2k tokens on the demo task (system prompt + its ten tools): room to act beyond it
     min_context_tokens: ClassVar[int] = 16384
     package: ClassVar[str] = "mistral-vibe"
@@ -161,7 +159,7 @@ class MistralVibeHarness(DebianPythonAgent):
         return {
             **super().config_files(cfg, key, prompt),
             SERVER: (server.encode(), 0o700),  # executable: landlock maps the paths in it
-            PROMPT: (prompt.encode(), 0o600),
+            PROMPT_FILE: (prompt.encode(), 0o600),
         }
 
     def environment(self) -> str:
@@ -170,7 +168,8 @@ class MistralVibeHarness(DebianPythonAgent):
     def command(self, cfg: AgentConfig) -> str:
         py = f"{BUNDLE_MOUNT}/{pyruntime.RUNTIME}"
         run = (
-            f"{py}/lib/{pyruntime.LOADER} --library-path {py}/lib {BUNDLE_MOUNT}/{RUST_CLI} --prompt-file {PROMPT} "
+            f"{py}/lib/{pyruntime.LOADER} --library-path {py}/lib {BUNDLE_MOUNT}/{RUST_CLI} "
+            f"--prompt-file {PROMPT_FILE} "
             f"--output streaming --auto-approve --max-turns {max_turns(cfg)} --output-dir {OUT} "
             f"< /dev/null > {STDOUT} 2> {LOG}"
         )
@@ -193,5 +192,5 @@ class MistralVibeHarness(DebianPythonAgent):
                 out.add_step(n if isinstance(n, int) else None, ids)
             elif kind == "completion_failed":
                 errors.append(str(body.get("message") or body.get("error") or json.dumps(result)[:300]))
-        settle_errors(out, errors, UNREACHABLE, "model call(s) failed in the agent")
+        settle_errors(out, errors, PYTHON_UNREACHABLE, "model call(s) failed in the agent")
         return out

@@ -31,29 +31,31 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentError,
-    AgentOutcome,
-    NpmArtifact,
-    as_dict,
-    as_list,
-    jsonl_objects,
-    npm_install,
-    run_and_collect,
-    settle_errors,
-)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentError
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import as_list
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import npm_install
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
 from swe_gym_env.server.agents.bundle import BundledHarness
-from swe_gym_env.server.agents.harnesses.pi_apis import DEFAULT_API, PI_APIS, capture_tool_call_id
+from swe_gym_env.server.agents.harnesses.pi_apis import DEFAULT_API
+from swe_gym_env.server.agents.harnesses.pi_apis import PI_APIS
+from swe_gym_env.server.agents.harnesses.pi_apis import capture_tool_call_id
 from swe_gym_env.server.agents.harnesses.pi_apis import pi_base_url as base_url
 
 HOME = f"{AGENT_HOME}/.openclaw-home"
 STATE = f"{AGENT_HOME}/.openclaw-state"
 CONFIG = f"{AGENT_HOME}/openclaw-config.json"
 DUMP = f"{AGENT_HOME}/openclaw-dump.mjs"
-PROMPT = f"{AGENT_HOME}/prompt.txt"
 EVENTS = f"{AGENT_HOME}/openclaw-events.jsonl"
 STDOUT = f"{AGENT_HOME}/openclaw-result.json"
 STDERR = f"{AGENT_HOME}/openclaw-stderr.txt"
@@ -197,21 +199,20 @@ class OpenClawHarness(BundledHarness):
             DUMP: (DUMP_JS.encode(), 0o600),
             f"{STATE}/.keep": (b"", 0o600),
             f"{HOME}/.keep": (b"", 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"SWE_GYM_CAPTURE_KEY={shlex.quote(key)}\n".encode(), 0o600),
-            PROMPT: (prompt.encode(), 0o600),
+            **key_and_prompt({"SWE_GYM_CAPTURE_KEY": key}, prompt),
         }
 
     def command(self, cfg: AgentConfig) -> str:
         run = (
             f"{NODE_BIN} {BUNDLE_MOUNT}/openclaw/node_modules/openclaw/openclaw.mjs agent exec --config {CONFIG} "
             f"--state-dir {STATE} --model {shlex.quote(f'{PROVIDER}/{cfg.model}')} --code-mode direct --json "
-            f'--timeout 0 --cwd "$PWD" --message-file {PROMPT} < /dev/null > {STDOUT} 2> {STDERR}'
+            f'--timeout 0 --cwd "$PWD" --message-file {PROMPT_FILE} < /dev/null > {STDOUT} 2> {STDERR}'
         )
         dump = f"{NODE_BIN} {DUMP} {DB} {STDOUT}"
         return (
             "for v in $(env | sed -n 's/^\\(OPENCLAW_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n"
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"mkdir -p {HOME}/tmp\n"
+            + LOAD_KEY
+            + f"mkdir -p {HOME}/tmp\n"
             f"export OPENCLAW_HOME={HOME} OPENCLAW_NO_AUTO_UPDATE=1 TMPDIR={HOME}/tmp\n"
             + run_and_collect(run, DB, EVENTS, every_s=2.0, dump=dump)
         )

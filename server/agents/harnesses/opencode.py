@@ -15,14 +15,16 @@ import json
 import shlex
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    jsonl_objects,
-    settle_errors,
-)
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import NODE_UNREACHABLE
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import settle_errors
 from swe_gym_env.server.agents.bundle import NativeBinaryHarness
 
 PROVIDER = "capture"
@@ -51,7 +53,6 @@ APIS = {
     "@ai-sdk/anthropic": ("anthropic-messages", "/v1"),
 }
 DEFAULT_API = "@ai-sdk/openai-compatible"
-UNREACHABLE = ("connect", "econnrefused", "fetch failed", "unable to connect", "socket", "timed out", "timeout")
 
 
 class OpenCodeHarness(NativeBinaryHarness):
@@ -63,7 +64,6 @@ class OpenCodeHarness(NativeBinaryHarness):
     # its first prompt is ~7.9k tokens (system prompt + 10 tools): in less it compacts at once, never sees the task
     min_context_tokens: ClassVar[int] = 12288
     package: ClassVar[str] = "opencode-linux-x64"
-    dialect: ClassVar[str] = "openai-chat"
     # what differs in a fork: its binary (also its config file's name and its XDG subdirectory), the prefix of its
     # environment switches (`<PREFIX>_DISABLE_MODELS_FETCH`, ...), the files of a run, `run`'s flags and config keys
     cli: ClassVar[str] = "opencode"
@@ -107,8 +107,7 @@ class OpenCodeHarness(NativeBinaryHarness):
         files = {
             f"{conf_dir}/{self.cli}.json": (json.dumps(self.config(cfg), indent=2).encode(), 0o600),
             f"{self.home}/tmp/.keep": (b"", 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
-            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+            **key_and_prompt({KEY_ENV: key}, prompt),
         }
         if self.plugin:  # pre-seeded as if the plugin install had already run: else it runs `bun install` at start
             package = {"dependencies": {self.plugin: self.version}}
@@ -123,12 +122,11 @@ class OpenCodeHarness(NativeBinaryHarness):
         switches = " ".join(f"{p}_{s}=1" for s in (*SWITCHES, *self.extra_switches))
         extra = "".join(f" {k}={shlex.quote(v)}" for k, v in self.extra_env.items())
         return (
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export PATH={mount}/bin:$PATH XDG_CONFIG_HOME={home}/config XDG_CACHE_HOME={home}/cache "
+            LOAD_KEY + f"export PATH={mount}/bin:$PATH XDG_CONFIG_HOME={home}/config XDG_CACHE_HOME={home}/cache "
             f"XDG_DATA_HOME={home}/data XDG_STATE_HOME={home}/state TMPDIR={home}/tmp {switches}{extra}\n"
             f"unset {p}_CONFIG {p}_CONFIG_CONTENT {p}_CONFIG_DIR\n"
             f"{mount}/bin/{self.cli} run --format json {self.run_flags} "
-            f"< {AGENT_HOME}/prompt.txt > {self.events_path} 2> {self.log_path}"
+            f"< {PROMPT_FILE} > {self.events_path} 2> {self.log_path}"
         )
 
     def parse_events(self, text: str) -> AgentOutcome:
@@ -160,5 +158,5 @@ class OpenCodeHarness(NativeBinaryHarness):
                     errors.append(said)
         # a refusal for the context length that steps followed: OpenCode compacted its context and went on
         errors += [said for said, before in overflows if out.model_calls == before]
-        settle_errors(out, errors, UNREACHABLE, "model call(s) failed in the agent")
+        settle_errors(out, errors, NODE_UNREACHABLE, "model call(s) failed in the agent")
         return out

@@ -42,15 +42,16 @@ import json
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    jsonl_objects,
-    settle_errors,
-)
-from swe_gym_env.server.agents.pyagent import AUDIT, DebianPythonAgent
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import PYTHON_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import LITELLM_QUIET
+from swe_gym_env.server.agents.pyagent import DebianPythonAgent
 
 RUNTIME = pyruntime.TRIXIE_PYTHON
 PY = RUNTIME.version
@@ -67,7 +68,6 @@ INPUTRC = f"{AGENT_HOME}/openhands-inputrc"
 # its iteration limit (our budget) was reached, or its stuck detector stopped it
 ENDED = ("finished", "stuck")
 LIMIT_CODES = ("MaxIterationsReached",)
-UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
 # pip's resolution of openhands-sdk==1.34.0 + openhands-tools==1.34.0 for CPython 3.13 (2026), under openhands-ai
 # 1.11.0's pins, less browser-use, tom-swe and what only they need: installed with --no-deps, the whole environment
 PINS: tuple[str, ...] = tuple(
@@ -156,12 +156,7 @@ except BaseException as e:
 )
 QUIET = {  # what the SDK and litellm honour: no banner, no fetch, no telemetry
     "OPENHANDS_SUPPRESS_BANNER": "1",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else a fetch of model_prices_and_context_window.json from GitHub
-    "LITELLM_TELEMETRY": "False",
-    "LITELLM_LOG": "ERROR",
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DO_NOT_TRACK": "1",
+    **LITELLM_QUIET,
 }
 # Laminar / OpenTelemetry export turns on when any of these is set (openhands/sdk/observability/laminar.py)
 UNSET = ("LMNR_PROJECT_API_KEY", "OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -170,7 +165,6 @@ UNSET = ("LMNR_PROJECT_API_KEY", "OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_END
 class OpenHandsHarness(DebianPythonAgent):
     name: ClassVar[str] = "openhands"
     version: ClassVar[str] = "1.34.0"  # openhands-sdk / openhands-tools, as openhands-ai 1.11.0 pins them
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt (system prompt in cli_mode, five tools: terminal, file_editor, task_tracker, finish, think)
     # measured 7,843 SmolLM2 tokens with the demo task's issue in it; and the SDK itself refuses a context window
     # under 16,384 tokens (LLMContextWindowTooSmallError, unless ALLOW_SHORT_CONTEXT_WINDOWS): that is the floor
@@ -237,5 +231,5 @@ class OpenHandsHarness(DebianPythonAgent):
                 errors.append(f"{ev.get('status')}: {ev.get('error') or 'the agent stopped'}")
         for rid, ids in calls.items():
             out.add_step(tokens.get(rid), tuple(ids))
-        settle_errors(out, errors, UNREACHABLE)
+        settle_errors(out, errors, PYTHON_UNREACHABLE)
         return out

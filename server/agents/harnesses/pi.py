@@ -14,17 +14,22 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    jsonl_objects,
-    npm_install,
-)
-from swe_gym_env.server.agents.bundle import NODE, BundledHarness
-from swe_gym_env.server.agents.harnesses.pi_apis import DEFAULT_API, PI_APIS, capture_tool_call_id, pi_provider
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import LOAD_KEY
+from swe_gym_env.server.agents.base import PROMPT_FILE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import key_and_prompt
+from swe_gym_env.server.agents.base import npm_install
+from swe_gym_env.server.agents.bundle import NODE
+from swe_gym_env.server.agents.bundle import BundledHarness
+from swe_gym_env.server.agents.harnesses.pi_apis import DEFAULT_API
+from swe_gym_env.server.agents.harnesses.pi_apis import PI_APIS
+from swe_gym_env.server.agents.harnesses.pi_apis import capture_tool_call_id
+from swe_gym_env.server.agents.harnesses.pi_apis import pi_provider
 
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
@@ -119,8 +124,7 @@ class PiHarness(BundledHarness):
         files = {
             f"{agent_dir}/models.json": (json.dumps(models, indent=2).encode(), 0o600),
             f"{agent_dir}/settings.json": (json.dumps(settings).encode(), 0o600),
-            f"{AGENT_HOME}/.capture.env": (f"{KEY_ENV}={shlex.quote(key)}\n".encode(), 0o600),
-            f"{AGENT_HOME}/prompt.txt": (prompt.encode(), 0o600),
+            **key_and_prompt({KEY_ENV: key}, prompt),
         }
         if settings["compaction"]["enabled"]:
             files[f"{agent_dir}/extensions/swe-gym-settle.js"] = (SETTLE.encode(), 0o600)
@@ -128,13 +132,13 @@ class PiHarness(BundledHarness):
 
     def command(self, cfg: AgentConfig) -> str:
         return (
-            f"set -a; . {AGENT_HOME}/.capture.env; set +a\n"
-            f"export PI_OFFLINE=1 PI_CODING_AGENT_DIR={AGENT_HOME}/.pi/agent XDG_CONFIG_HOME={AGENT_HOME}/.config "
+            LOAD_KEY
+            + f"export PI_OFFLINE=1 PI_CODING_AGENT_DIR={AGENT_HOME}/.pi/agent XDG_CONFIG_HOME={AGENT_HOME}/.config "
             f"XDG_CACHE_HOME={AGENT_HOME}/.cache XDG_DATA_HOME={AGENT_HOME}/.local/share "
             f"XDG_STATE_HOME={AGENT_HOME}/.local/state\n"
             f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{CLI} -p --mode json "
             f"--no-session --model {shlex.quote(PROVIDER + '/' + cfg.model)} "
-            f"< {AGENT_HOME}/prompt.txt > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
+            f"< {PROMPT_FILE} > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
             + (f"; rc=$?; [ -s {TRACE} ] && mv -f {TRACE} {EVENTS}; exit $rc" if compaction(cfg)["enabled"] else "")
         )
 

@@ -26,20 +26,21 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentOutcome,
-    NpmArtifact,
-    as_dict,
-    as_list,
-    jsonl_objects,
-    max_turns,
-    settle_errors,
-)
-from swe_gym_env.server.agents.bundle import NODE, RIPGREP
-from swe_gym_env.server.agents.harnesses.gemini_cli import NO_MCP, UNREACHABLE, GeminiCliHarness
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import NODE_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import as_list
+from swe_gym_env.server.agents.base import jsonl_objects
+from swe_gym_env.server.agents.base import max_turns
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.bundle import NODE
+from swe_gym_env.server.agents.bundle import RIPGREP
+from swe_gym_env.server.agents.harnesses.gemini_cli import NO_MCP
+from swe_gym_env.server.agents.harnesses.gemini_cli import GeminiCliHarness
 
 QWEN_HOME = f"{AGENT_HOME}/.qwen-home"
 # its auth types that /capture speaks (harness option `api`) -> the capture dialect each is recorded in
@@ -182,5 +183,5 @@ class QwenCodeHarness(GeminiCliHarness):
                 errors.append(str(err.get("message") if isinstance(err, dict) else err or ev.get("result") or "error"))
         for n, ids in replies.values():
             out.add_step(n, ids)
-        settle_errors(out, errors, UNREACHABLE)
+        settle_errors(out, errors, NODE_UNREACHABLE)
         return out

@@ -46,19 +46,20 @@ from pathlib import Path
 from typing import ClassVar
 
 from swe_gym_env.server.agents import pyruntime
-from swe_gym_env.server.agents.base import (
-    AGENT_HOME,
-    BUNDLE_MOUNT,
-    AgentConfig,
-    AgentError,
-    AgentOutcome,
-    NpmArtifact,
-    as_dict,
-    as_list,
-    run_and_collect,
-    settle_errors,
-)
-from swe_gym_env.server.agents.pyagent import AUDIT, DebianPythonAgent
+from swe_gym_env.server.agents.base import AGENT_HOME
+from swe_gym_env.server.agents.base import BUNDLE_MOUNT
+from swe_gym_env.server.agents.base import PYTHON_UNREACHABLE
+from swe_gym_env.server.agents.base import AgentConfig
+from swe_gym_env.server.agents.base import AgentError
+from swe_gym_env.server.agents.base import AgentOutcome
+from swe_gym_env.server.agents.base import NpmArtifact
+from swe_gym_env.server.agents.base import as_dict
+from swe_gym_env.server.agents.base import as_list
+from swe_gym_env.server.agents.base import run_and_collect
+from swe_gym_env.server.agents.base import settle_errors
+from swe_gym_env.server.agents.pyagent import AUDIT
+from swe_gym_env.server.agents.pyagent import LITELLM_QUIET
+from swe_gym_env.server.agents.pyagent import DebianPythonAgent
 
 PY = pyruntime.TRIXIE_PYTHON.version
 LOGS = f"{AGENT_HOME}/terminus-2-logs"
@@ -68,7 +69,6 @@ EVENTS = f"{AGENT_HOME}/terminus-2-events.json"
 LOG = f"{AGENT_HOME}/terminus-2-log.txt"
 NET = f"{AGENT_HOME}/terminus-2-net.jsonl"
 EXIT = "swe-gym-exit.json"  # the launcher's last word, in LOGS beside the trajectories
-UNREACHABLE = ("connect", "connection", "unreachable", "timed out", "timeout", "name or service")
 TMUX = "libexec/tmux"  # the binary in the bundle; `bin/tmux` runs it on the bundle's loader
 # trixie's tmux and what it loads beyond the runtime's packages (`apt-cache depends tmux`)
 TMUX_PACKAGES = ("tmux", "libevent-core-2.1-7t64", "libjemalloc2", "libsystemd0", "libcap2")
@@ -191,14 +191,7 @@ TMUX_WRAPPER = (
     f'exec "$b/{pyruntime.RUNTIME}/lib/{pyruntime.LOADER}" --library-path "$b/{pyruntime.RUNTIME}/lib" '
     f'"$b/{TMUX}" "$@"\n'
 )
-QUIET = {  # what litellm honours: no cost-map fetch, no telemetry
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_TELEMETRY": "False",
-    "LITELLM_LOG": "ERROR",
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DO_NOT_TRACK": "1",
-}
+QUIET = LITELLM_QUIET  # what litellm honours: no cost-map fetch, no telemetry
 PARSERS = ("json", "xml")  # harness option `parser`: Terminus-2's two reply formats
 # harness option `api`: how its litellm speaks to /capture -> (the capture dialect, litellm's provider, base suffix).
 # Not its Responses mode: it chains calls by `previous_response_id` (state kept by the server), which /capture does
@@ -212,7 +205,6 @@ APIS = {
 class Terminus2Harness(DebianPythonAgent):
     name: ClassVar[str] = "terminus-2"
     version: ClassVar[str] = "0.26.0"  # harbor
-    dialect: ClassVar[str] = "openai-chat"
     # its first prompt is short (its template + the task: measured below 2k tokens on the bundled tasks), but harbor
     # summarizes its context (three calls of its own) whenever fewer than 8,000 tokens are free, and each call may
     # take max_tokens more: below 16,384 it would summarize at once
@@ -314,7 +306,7 @@ class Terminus2Harness(DebianPythonAgent):
         for d in docs:
             if d.get("swe_gym_exit") not in (None, "done"):
                 errors.append(str(d.get("error") or d.get("swe_gym_exit")))
-        settle_errors(out, errors, UNREACHABLE)
+        settle_errors(out, errors, PYTHON_UNREACHABLE)
         return out
 
 
