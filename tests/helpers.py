@@ -17,6 +17,7 @@ import uvicorn
 from swe_gym_env.core import procs
 from swe_gym_env.core.assets import tokenizer_file
 from swe_gym_env.core.procs import free_port
+from swe_gym_env.server.agents.base import jsonl_values
 from swe_gym_env.server.engine.app import Engine, create_engine_app
 from swe_gym_env.server.engine.chat import ChatRenderer
 from swe_gym_env.server.engine.policy import make_policy
@@ -222,15 +223,7 @@ def full_turns(source) -> list:
 def audit_lines(text: str) -> list[list]:
     """The Python agents' socket log (the launcher's audit hook: one JSON array per line) from a tool's output that
     printed it; other lines (the probe's markers, a cut last line) are skipped."""
-    events = []
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, list):
-            events.append(ev)
-    return events
+    return list(jsonl_values(text, list))
 
 
 def reference_rows(result, roles=("agent", "aux")) -> list[tuple]:

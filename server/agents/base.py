@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 from swe_gym_env.wire import Turn
 
@@ -282,15 +282,23 @@ def as_list(value: object) -> list:
     return value if isinstance(value, list) else []
 
 
+T = TypeVar("T")
+
+
 def jsonl_objects(text: str) -> Iterator[dict]:
     """The JSON objects of an agent's JSONL events or transcript, one per line; anything else (a partial last line,
     a stray print) is skipped."""
+    return jsonl_values(text, dict)
+
+
+def jsonl_values(text: str, kind: type[T]) -> Iterator[T]:
+    """The lines of ``text`` that are JSON values of type ``kind`` (dict, list), parsed; the other lines skipped."""
     for line in text.splitlines():
         try:
             ev = json.loads(line)
         except ValueError:
             continue
-        if isinstance(ev, dict):
+        if isinstance(ev, kind):
             yield ev
 
 

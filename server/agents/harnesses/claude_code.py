@@ -68,6 +68,8 @@ class ClaudeCodeHarness(NativeBinaryHarness):
     min_glibc: ClassVar[str] = "2.26"  # objdump -T of the binary
     bundle_probe: ClassVar[str] = "./bin/rg --version >/dev/null && test -x ./bin/claude"
     bundle_verifier: ClassVar[str | None] = None
+    events_path = EVENTS
+    log_path = STDERR
 
     def binary(self, root: Path) -> Path:
         return root / "node_modules" / self.package / self.cli  # at the package's root, not in its bin/
@@ -109,9 +111,6 @@ class ClaudeCodeHarness(NativeBinaryHarness):
             + f"export PATH={BUNDLE_MOUNT}/bin:$PATH\n"
             + run_and_collect(run, f"{CONFIG_DIR}/projects/*/*.jsonl {STDOUT}", EVENTS)
         )
-
-    events_path = EVENTS
-    log_path = STDERR
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()

@@ -65,6 +65,8 @@ class CodexHarness(BundledHarness):
     min_glibc: ClassVar[str] = "2.17"  # static-pie musl: no glibc symbols at all (any image with a kernel runs it)
     bundle_probe: ClassVar[str] = "./bin/codex --version >/dev/null && ./bin/rg --version >/dev/null"
     bundle_verifier: ClassVar[str | None] = None
+    events_path = EVENTS
+    log_path = STDERR
 
     def vendor(self, root: Path) -> Path:
         return root / "node_modules" / self.package / VENDOR
@@ -134,9 +136,6 @@ class CodexHarness(BundledHarness):
             "unset OPENAI_API_KEY OPENAI_BASE_URL CODEX_API_KEY\n"
             + run_and_collect(run, f"{CODEX_HOME}/sessions/*/*/*/rollout-*.jsonl {STDOUT}", EVENTS)
         )
-
-    events_path = EVENTS
-    log_path = STDERR
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()

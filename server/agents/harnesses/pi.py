@@ -101,6 +101,8 @@ class PiHarness(BundledHarness):
     min_glibc: ClassVar[str] = "2.28"
     bundle_probe: ClassVar[str] = "./node/bin/node --version"
     bundle_verifier: ClassVar[str | None] = "./node/bin/node"  # runs VERIFY_JS (sandbox/bundles.py)
+    events_path = EVENTS
+    log_path = f"{AGENT_HOME}/pi-stderr.txt"
 
     def cli_js(self, root: Path) -> Path:
         return root / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
@@ -141,9 +143,6 @@ class PiHarness(BundledHarness):
             f"< {PROMPT_FILE} > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
             + (f"; rc=$?; [ -s {TRACE} ] && mv -f {TRACE} {EVENTS}; exit $rc" if compaction(cfg)["enabled"] else "")
         )
-
-    events_path = EVENTS
-    log_path = f"{AGENT_HOME}/pi-stderr.txt"
 
     def parse_events(self, text: str) -> AgentOutcome:
         out = AgentOutcome()
