@@ -1,8 +1,9 @@
-"""What the Python agents (mini-swe-agent, OpenHands, Kimi CLI, Mistral Vibe) share: a launcher script of ours run by
-the bundle's own Python (`pyruntime`), which logs every socket the agent's Python opens (`AUDIT`, read back by the
-network tests), the agent's config as a 0600 file, the session key in a 0600 env file sourced by the command (never
-argv), and the variables that keep the agent and litellm offline (`quiet`) exported, those that would turn telemetry
-on (`unset`) removed. The ones that need Python >= 3.12 share the Debian runtime's install (`DebianPythonAgent`)."""
+"""What the Python agents (mini-swe-agent, OpenHands, Kimi CLI, Mistral Vibe, Aider, Hermes, Terminus-2) share: a
+launcher script of ours run by the bundle's own Python (`pyruntime`), which logs every socket the agent's Python opens
+(`AUDIT`, read back by the network tests), the agent's config as a 0600 file, the session key in a 0600 env file sourced
+by the command (never argv), and the variables that keep the agent and litellm offline (`quiet`) exported, those that
+would turn telemetry on (`unset`) removed. The ones that need Python >= 3.12 share the Debian runtime's install
+(`DebianPythonAgent`)."""
 
 from __future__ import annotations
 
