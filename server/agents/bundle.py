@@ -253,7 +253,7 @@ class BundledHarness:
 
     name: ClassVar[str]
     version: ClassVar[str]
-    dialect: ClassVar[str] = "openai-chat"  # the capture dialect it speaks by default: Chat Completions unless it says
+    dialect: ClassVar[str] = "openai-chat"  # the capture dialect it speaks by default; others name theirs
     bundle_inputs: ClassVar[tuple[str, ...]] = ()
     installer: ClassVar[str] = "npm install"
     needs_pty: ClassVar[bool] = False  # its terminal runs a shell on a pty: sandboxes with `has_ptys` / `gives_ptys`
