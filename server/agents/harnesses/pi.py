@@ -34,6 +34,7 @@ from swe_gym_env.server.agents.harnesses.pi_apis import pi_provider
 PROVIDER = "capture"  # never "openai": Pi would switch to the Responses API
 KEY_ENV = "SWE_GYM_CAPTURE_KEY"
 EVENTS = f"{AGENT_HOME}/pi-events.jsonl"
+STDERR = f"{AGENT_HOME}/pi-stderr.txt"
 TRACE = f"{AGENT_HOME}/pi-trace.jsonl"  # the agent's record with compaction on (SETTLE): replaces the events
 CLI = "pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"  # in the bundle
 
@@ -102,7 +103,7 @@ class PiHarness(BundledHarness):
     bundle_probe: ClassVar[str] = "./node/bin/node --version"
     bundle_verifier: ClassVar[str | None] = "./node/bin/node"  # runs VERIFY_JS (sandbox/bundles.py)
     events_path = EVENTS
-    log_path = f"{AGENT_HOME}/pi-stderr.txt"
+    log_path = STDERR
 
     def cli_js(self, root: Path) -> Path:
         return root / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
@@ -140,7 +141,7 @@ class PiHarness(BundledHarness):
             f"XDG_STATE_HOME={AGENT_HOME}/.local/state\n"
             f"{BUNDLE_MOUNT}/node/bin/node {BUNDLE_MOUNT}/{CLI} -p --mode json "
             f"--no-session --model {shlex.quote(PROVIDER + '/' + cfg.model)} "
-            f"< {PROMPT_FILE} > {EVENTS} 2> {AGENT_HOME}/pi-stderr.txt"
+            f"< {PROMPT_FILE} > {EVENTS} 2> {STDERR}"
             + (f"; rc=$?; [ -s {TRACE} ] && mv -f {TRACE} {EVENTS}; exit $rc" if compaction(cfg)["enabled"] else "")
         )
 

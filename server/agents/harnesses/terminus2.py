@@ -191,7 +191,6 @@ TMUX_WRAPPER = (
     f'exec "$b/{pyruntime.RUNTIME}/lib/{pyruntime.LOADER}" --library-path "$b/{pyruntime.RUNTIME}/lib" '
     f'"$b/{TMUX}" "$@"\n'
 )
-QUIET = LITELLM_QUIET  # what litellm honours: no cost-map fetch, no telemetry
 PARSERS = ("json", "xml")  # harness option `parser`: Terminus-2's two reply formats
 # harness option `api`: how its litellm speaks to /capture -> (the capture dialect, litellm's provider, base suffix).
 # Not its Responses mode: it chains calls by `previous_response_id` (state kept by the server), which /capture does
@@ -223,7 +222,7 @@ class Terminus2Harness(DebianPythonAgent):
         f"{pyruntime.python_command('.', PY)} -c 'import ssl, pydantic_core' && "
         f"{pyruntime.RUNTIME}/lib/{pyruntime.LOADER} --library-path {pyruntime.RUNTIME}/lib {TMUX} -V"
     )
-    launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, QUIET
+    launcher, launch_path, config_path, net_path, quiet = LAUNCHER, LAUNCH, CONFIG, NET, LITELLM_QUIET
     # what litellm's openai provider would take over ours
     unset: ClassVar[tuple[str, ...]] = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
     events_path = EVENTS
