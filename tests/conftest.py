@@ -320,20 +320,24 @@ def need_docker(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _docker_up() -> None:
     from swe_gym_env.server.sandbox.docker import preflight
 
-    ok, why = preflight()
+    ok, why = preflight(wait_s=300)  # a daemon busy with another worker's build answers late, not never
     if (not ok or "MISSING" in why) and os.geteuid() == 0:
         script = REPO / "scripts" / "setup_docker.sh"
         r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1200)
-        ok, why = preflight() if r.returncode == 0 else (False, f"setup_docker.sh failed: {r.stderr[-500:]}")
+        ok, why = preflight(wait_s=300) if r.returncode == 0 else (False, f"setup_docker.sh failed: {r.stderr[-500:]}")
     require(ok and "MISSING" not in why, f"docker sandbox unavailable: {why}")
+
+
+def docker_has(image: str) -> bool:
+    """Whether the docker daemon has ``image`` locally. A daemon busy with a build or an image removal on a 2-core
+    machine has taken over 30 s to answer an inspect: wait up to 5 min; one that does not answer by then raises
+    (a hung daemon is a failure, not a missing image)."""
+    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=300).returncode == 0
 
 
 def docker_ready() -> bool:
     """A docker CLI and daemon with the local base image the Space image builds from."""
-    if shutil.which("docker") is None:
-        return False
-    ok = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, timeout=30)
-    return ok.returncode == 0
+    return shutil.which("docker") is not None and docker_has(BASE_IMAGE)
 
 
 @pytest.fixture(scope="session")

@@ -13,17 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import docker_has, require
 from hf_emulator.fixture import HFEmulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 IMAGE = "swe-gym-env-standin/sweb.eval.x86_64.uiri_s_toml-0.10.2"  # has python3
 SERVER = Path(__file__).resolve().parent / "hf_emulator" / "sandbox_server.py"
-
-
-def image_present(image: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60).returncode == 0
 
 
 def sdk(emu: HFEmulator, code: str, timeout: float = 300) -> dict:
@@ -36,7 +32,7 @@ def sdk(emu: HFEmulator, code: str, timeout: float = 300) -> dict:
 
 @pytest.fixture
 def emu(hf_emulator: HFEmulator) -> HFEmulator:
-    require(image_present(IMAGE), f"stand-in image {IMAGE} missing (see the real task images setup)")
+    require(docker_has(IMAGE), f"stand-in image {IMAGE} missing (see the real task images setup)")
     return hf_emulator
 
 
@@ -201,7 +197,7 @@ def test_restarted_emulator_sees_its_jobs_and_sigterm_removes_them(tmp_path: Pat
 
     from swe_gym_env.core import procs
 
-    require(docker_usable() and image_present(IMAGE), f"docker with {IMAGE} needed")
+    require(docker_usable() and docker_has(IMAGE), f"docker with {IMAGE} needed")
     port = procs.free_port()
     argv = [venv_python(), str(RUN), "--state-dir", str(tmp_path), "--port", str(port), "--ids", "4"]
     health = f"http://127.0.0.1:{port}/_emulator/health"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import docker_ready, require
+from conftest import docker_has, docker_ready, require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents import pyruntime
@@ -37,10 +37,6 @@ def bundle():
     except AgentError as e:
         require(False, f"mini-swe-agent: {e}")
     return path
-
-
-def image_built(image: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60).returncode == 0
 
 
 def run_python(image: str, bundle: str, code: str, *extra: str) -> subprocess.CompletedProcess:
@@ -145,7 +141,7 @@ async def test_rollout_on_docker_in_a_pypi_standin_image(bundle, probe_stack):
     require("pypi" in split_names(), "the pypi split is not built: run `swe-gym-env setup --all`")
     task = next(t for t in tasks_in("pypi") if t.instance_id == TASK)
     assert task.image is not None
-    require(image_built(task.image), f"{task.image} is not built: run `bash scripts/build_standin_images.sh`")
+    require(docker_has(task.image), f"{task.image} is not built: run `bash scripts/build_standin_images.sh`")
     async with SweGymClient(probe_stack.mcp_url, timeout_s=600) as c:
         result = await c.run_rollout(
             harness="mini-swe-agent", sandbox="docker", split="pypi", instance_id=TASK, deadline_s=500

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import docker_ready, require
+from conftest import docker_has, docker_ready, require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 from swe_gym_env.server.agents import pyruntime
@@ -96,10 +96,6 @@ def test_demo_solves_the_task_and_matches_its_event_stream(bundle, sandbox, need
     assert result["turns"][0]["prompt_len"] < OpenHandsHarness.min_context_tokens
 
 
-def image_built(image: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60).returncode == 0
-
-
 @pytest.fixture(scope="module")
 def probe_stack():
     s = Stack(PROBE, env=LONG)
@@ -156,7 +152,7 @@ async def test_rollout_on_docker_in_a_pypi_standin_image(bundle, probe_stack):
     require("pypi" in split_names(), "the pypi split is not built: run `swe-gym-env setup --all`")
     task = next(t for t in tasks_in("pypi") if t.instance_id == TASK)
     assert task.image is not None
-    require(image_built(task.image), f"{task.image} is not built: run `bash scripts/build_standin_images.sh`")
+    require(docker_has(task.image), f"{task.image} is not built: run `bash scripts/build_standin_images.sh`")
     async with SweGymClient(probe_stack.mcp_url, timeout_s=600) as c:
         result = await c.run_rollout(
             harness="openhands", sandbox="docker", split="pypi", instance_id=TASK, deadline_s=500

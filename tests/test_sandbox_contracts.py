@@ -743,3 +743,22 @@ def test_cloud_sandbox_own_timeout_floor_is_a_setting(monkeypatch) -> None:
     monkeypatch.setenv(OWN_TIMEOUT_FLOOR_ENV, "a minute")
     with pytest.raises(ValueError, match="SWE_GYM_REMOTE_TIMEOUT_FLOOR_S='a minute'"):
         own_timeout_s(5)
+
+
+def test_docker_preflight_reports_a_daemon_that_does_not_answer(tmp_path, monkeypatch) -> None:
+    """A daemon busy past the probe's bound (CI once saw an inspect take over 30 s during another worker's image
+    build) is a reason with the command and the bound, never an exception out of the probe; a daemon that answers
+    without the image says MISSING."""
+    from swe_gym_env.server.sandbox import docker as docker_backend
+
+    cli = tmp_path / "docker"
+    cli.write_text(
+        '#!/bin/sh\ncase "$1" in version) echo 27.5.1;; image) [ -e "$0.hang" ] && exec sleep 30; exit 1;; esac\n'
+    )
+    cli.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    ok, why = docker_backend.preflight(wait_s=5)
+    assert (ok, "MISSING" in why) == (False, True), why
+    (tmp_path / "docker.hang").touch()
+    ok, why = docker_backend.preflight(wait_s=1)
+    assert not ok and "does not answer `docker image` within 1 s" in why, why

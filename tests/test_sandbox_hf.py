@@ -13,7 +13,7 @@ import textwrap
 import uuid
 
 import pytest
-from conftest import require
+from conftest import docker_has, require
 from test_sandbox_contracts import tiny_bundle
 
 pytestmark = [pytest.mark.slow]
@@ -32,8 +32,7 @@ out = {{}}
 
 @pytest.fixture(scope="module")
 def emu(hf_emulator):
-    ok = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=60).returncode == 0
-    require(ok, f"stand-in image {IMAGE} missing (see the real task images setup)")
+    require(docker_has(IMAGE), f"stand-in image {IMAGE} missing (see the real task images setup)")
     return hf_emulator
 
 

@@ -327,7 +327,7 @@ def test_space_image_builds_and_answers_health(space_image):
         assert (
             health.json()["access"]["mode"] == "locked" and "SWE_GYM_ACCESS_TOKEN" in health.json()["access"]["notice"]
         )
-        uid = subprocess.run(["docker", "exec", name, "id", "-u"], capture_output=True, text=True, timeout=30)
+        uid = subprocess.run(["docker", "exec", name, "id", "-u"], capture_output=True, text=True, timeout=120)
         assert uid.stdout.strip() == "1000"
         tools = subprocess.run(
             [

@@ -56,7 +56,7 @@ class Space:
         return httpx.get(f"{self.base}/health", timeout=10).json()
 
     def logs(self) -> str:
-        r = subprocess.run(["docker", "logs", "--tail", "200", self.name], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(["docker", "logs", "--tail", "200", self.name], capture_output=True, text=True, timeout=120)
         return r.stdout[-6000:] + r.stderr[-6000:]
 
     def wait_healthy(self, timeout: float = 180) -> None:

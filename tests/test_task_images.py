@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import docker_ready, require
+from conftest import docker_has, docker_ready, require
 
 from swe_gym_env.client.mcp_client import SweGymClient
 
@@ -32,8 +32,7 @@ def task():
     require("pypi" in split_names(), "the pypi split is not built: run `swe-gym-env setup --all`")
     t = next(t for t in tasks_in("pypi") if t.instance_id == TASK)
     assert t.image is not None
-    have = subprocess.run(["docker", "image", "inspect", t.image], capture_output=True, timeout=60)
-    require(have.returncode == 0, f"{t.image} is not built: run `bash scripts/build_standin_images.sh`")
+    require(docker_has(t.image), f"{t.image} is not built: run `bash scripts/build_standin_images.sh`")
     return t
 
 

@@ -88,17 +88,24 @@ def _sync_docker(*args: str, timeout: float = 30) -> subprocess.CompletedProcess
     return subprocess.run([docker_bin(), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def preflight() -> tuple[bool, str]:
+def preflight(wait_s: float = 10) -> tuple[bool, str]:
+    """Whether dockerd answers and has the default image. ``wait_s`` bounds each docker call: the server's probes
+    keep the default; a caller that may wait for a daemon busy with a build (the test setup) passes more."""
     try:
-        r = _sync_docker("version", "--format", "{{.Server.Version}}", timeout=10)
+        r = _sync_docker("version", "--format", "{{.Server.Version}}", timeout=wait_s)
+        if r.returncode != 0:
+            return False, f"no docker daemon: {r.stderr.strip()[:200]}; start one (scripts/setup_docker.sh)"
+        image = default_image()
+        have = _sync_docker("image", "inspect", image, timeout=wait_s).returncode == 0
     except SandboxUnavailable as e:
         return False, str(e)
-    except subprocess.TimeoutExpired:
-        return False, "the docker daemon does not answer (10 s): start dockerd (scripts/setup_docker.sh)"
-    if r.returncode != 0:
-        return False, f"no docker daemon: {r.stderr.strip()[:200]}; start one (scripts/setup_docker.sh)"
-    image = default_image()
-    if _sync_docker("image", "inspect", image, timeout=10).returncode != 0:
+    except subprocess.TimeoutExpired as e:
+        return (
+            False,
+            f"the docker daemon does not answer `docker {e.cmd[1]}` within {wait_s:.0f} s: start dockerd "
+            "(scripts/setup_docker.sh) or wait for its current work",
+        )
+    if not have:
         return False, (
             f"dockerd {r.stdout.strip()} answers, but the default image {image} is MISSING: build it "
             "(scripts/setup_docker.sh)"
@@ -161,7 +168,7 @@ class DockerSandbox(SandboxBase):
     @classmethod
     async def create(cls, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or default_image()
-        rc, out, err = await docker("image", "inspect", "--format", "{{json .Config.Env}}", image, timeout=30)
+        rc, out, err = await docker("image", "inspect", "--format", "{{json .Config.Env}}", image, timeout=120)
         if rc != 0:
             if b"no such image" not in err.lower():
                 raise SandboxUnavailable(f"no docker daemon: {err.decode()[:200]}; start one (scripts/setup_docker.sh)")
