@@ -329,8 +329,8 @@ def _docker_up() -> None:
 
 
 def docker_has(image: str) -> bool:
-    """Whether the docker daemon has ``image`` locally. A daemon busy with a build or an image removal on a 2-core
-    machine has taken over 30 s to answer an inspect: wait up to 5 min; one that does not answer by then raises
+    """Whether the docker daemon has ``image`` locally. A daemon busy with other workers' builds and containers on a
+    2-core machine once took over 30 s to answer an inspect: wait up to 5 min; one that does not answer by then raises
     (a hung daemon is a failure, not a missing image)."""
     return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=300).returncode == 0
 

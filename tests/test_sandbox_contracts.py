@@ -746,8 +746,8 @@ def test_cloud_sandbox_own_timeout_floor_is_a_setting(monkeypatch) -> None:
 
 
 def test_docker_preflight_reports_a_daemon_that_does_not_answer(tmp_path, monkeypatch) -> None:
-    """A daemon busy past the probe's bound (CI once saw an inspect take over 30 s during another worker's image
-    build) is a reason with the command and the bound, never an exception out of the probe; a daemon that answers
+    """A daemon busy past the probe's bound (in CI an inspect once took over 30 s while other workers used the
+    daemon) is a reason with the command and the bound, never an exception out of the probe; a daemon that answers
     without the image says MISSING."""
     from swe_gym_env.server.sandbox import docker as docker_backend
 
