@@ -116,6 +116,9 @@ def test_the_watcher_sees_a_name_lookup_and_a_connection(tmp_path):
 
 
 def traced_demo(harness: str, sandbox: str, tmp_path: Path) -> tuple[dict, list[str], list[str]]:
+    """`swe-gym-env demo` of ``harness`` under the strace watcher: its result, the agent's own network calls and those
+    that went anywhere but the relay."""
+    require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
     trace = tmp_path / "trace"
     argv = [sys.executable, "-m", "swe_gym_env.cli", "demo", "--harness", harness, "--sandbox", sandbox, "--json"]
     run = subprocess.run([*strace_argv(trace), *argv], capture_output=True, text=True, timeout=300)
@@ -149,16 +152,20 @@ def assert_solved_hermetically(h, result: dict, mine: list[str], outbound: list[
     assert outbound == [], "\n".join(outbound)
 
 
+def demo_solved_hermetically(harness: str, tmp_path: Path, min_turns: int = 2) -> None:
+    """The traced local demo of an installed ``harness``, judged by `assert_solved_hermetically`."""
+    h = installed_harness(harness)
+    result, mine, outbound = traced_demo(harness, "local", tmp_path)
+    assert_solved_hermetically(h, result, mine, outbound, min_turns)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", FIVE)
 def test_demo_solves_the_task_matches_its_own_log_and_reaches_only_the_capture(
     harness, need_sandbox, need_tokenizer, tmp_path
 ):
-    require(shutil.which("strace") is not None, "strace missing: apt-get install strace")
-    h = installed_harness(harness)
-    result, mine, outbound = traced_demo(harness, "local", tmp_path)
-    assert_solved_hermetically(h, result, mine, outbound)
+    demo_solved_hermetically(harness, tmp_path)
 
 
 # -- units: each one's configuration ---------------------------------------------------------------------------------
